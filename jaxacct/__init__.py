@@ -1,0 +1,26 @@
+"""jaxacct: a JAX-native, differentiable differential-privacy accountant.
+
+Quick start::
+
+    import jaxacct
+    eps = jaxacct.dpsgd_epsilon(noise_multiplier=1.0, sampling_rate=0.01, steps=10_000,
+                                delta=1e-5)
+    eps.lower, eps.estimate, eps.upper   # certified: lower <= true epsilon <= upper
+"""
+
+from jaxacct.api import (RELATIONS, compose, delta, dpsgd_composition, dpsgd_delta, dpsgd_epsilon,
+                         dpsgd_plan, epsilon, make_plan)
+from jaxacct.composition import Composition
+from jaxacct.models import (EpsilonDelta, Gaussian, Laplace, PoissonSampled, PrivacyLoss, PureDP,
+                            SampledGaussianReplaceOne)
+from jaxacct.pld import Plan, PrivacyLossDistribution
+from jaxacct.results import Bounds
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Bounds", "Composition", "EpsilonDelta", "Gaussian", "Laplace", "Plan", "PoissonSampled",
+    "PrivacyLoss", "PrivacyLossDistribution", "PureDP", "RELATIONS", "SampledGaussianReplaceOne",
+    "compose", "delta", "dpsgd_composition", "dpsgd_delta", "dpsgd_epsilon", "dpsgd_plan",
+    "epsilon", "make_plan",
+]

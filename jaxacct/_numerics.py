@@ -1,0 +1,123 @@
+"""Numerical building blocks shared by every accountant.
+
+* ``float64``: a decorator that runs a public function under a scoped ``jax.enable_x64`` so that
+  accounting is float64 without touching the process-wide flag.
+* ``implicit_root``: the one root finder with implicit gradients (bracketed, safeguarded Newton
+  wrapped in ``jax.lax.custom_root``).
+* small stable special functions used by the models and the PLD accountant.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+F64_EPS = float(np.finfo(np.float64).eps)
+# Loss values beyond +-LOSS_BIG carry no mass for any supported model; clamping edges there keeps
+# every intermediate finite (and every gradient free of inf * 0).
+LOSS_BIG = 1.0e4
+
+
+def float64(fn):
+  """Runs ``fn`` with float64 enabled for its own computation only (scoped, not process-wide)."""
+
+  @functools.wraps(fn)
+  def wrapper(*args, **kwargs):
+    with jax.enable_x64(True):
+      return fn(*args, **kwargs)
+
+  return wrapper
+
+
+def as_f64(x):
+  """Converts ``x`` to a float64 array (call inside a ``float64`` scope)."""
+  return jnp.asarray(x, dtype=jnp.float64)
+
+
+def safe_where(cond, fn_true, fn_false, x):
+  """``where(cond, fn_true(x), fn_false(x))`` whose unused branch never sees invalid inputs.
+
+  Both functions are evaluated at a placeholder where their branch is not selected, so that neither
+  values nor gradients of the discarded branch can be NaN (the "double where" idiom).
+  """
+  ones = jnp.ones_like(x)
+  xt = jnp.where(cond, x, ones)
+  xf = jnp.where(cond, ones, x)
+  return jnp.where(cond, fn_true(xt), fn_false(xf))
+
+
+def hockey_primitive(d):
+  """phi(d) = d - 1 + exp(-d) for d >= 0, the integral of (1 - e^{-u}) over [0, d].
+
+  Uses a Taylor series below 1e-3 where ``d + expm1(-d)`` would cancel.
+  """
+  d = jnp.maximum(d, 0.0)
+  series = d * d * 0.5 * (1.0 - d / 3.0 * (1.0 - d / 4.0 * (1.0 - d / 5.0 * (1.0 - d / 6.0))))
+  return jnp.where(d < 1e-3, series, d + jnp.expm1(-d))
+
+
+def log1mexp(x):
+  """log(1 - exp(x)) for x <= 0, accurate near 0 and for very negative x."""
+  return jnp.where(x > -0.6931471805599453, jnp.log(-jnp.expm1(x)), jnp.log1p(-jnp.exp(x)))
+
+
+def newton_in_bracket(value_and_slope, lo, hi, x0, iters=8):
+  """Root of a decreasing scalar function on [lo, hi] (f(lo) >= 0 >= f(hi)), safeguarded Newton.
+
+  ``value_and_slope(x)`` returns (f(x), f'(x)). Each step takes the Newton step when it stays
+  inside the current bracket and bisects otherwise; the bracket follows the sign of f. A fixed
+  number of steps keeps shapes static. Returns (x, lo, hi).
+  """
+
+  def step(_, carry):
+    x, a, b = carry
+    fx, dfx = value_and_slope(x)
+    a = jnp.where(fx >= 0.0, x, a)
+    b = jnp.where(fx <= 0.0, x, b)
+    newton = x - fx / jnp.where(dfx < 0.0, dfx, -1.0)
+    inside = (dfx < 0.0) & (newton > a) & (newton < b)
+    x = jnp.where(inside, newton, 0.5 * (a + b))
+    return x, a, b
+
+  return jax.lax.fori_loop(0, iters, step, (x0, lo, hi))
+
+
+def implicit_root(fn, solve, initial_guess):
+  """Scalar root of ``fn`` found by ``solve(fn, guess)``, differentiated implicitly.
+
+  Gradients with respect to anything ``fn`` closes over follow the implicit-function theorem
+  d x / d theta = -(d fn / d theta) / (d fn / d x), never the solver's iterations.
+  """
+  return jax.lax.custom_root(fn, initial_guess, solve, lambda g, y: y / g(1.0))
+
+
+_CPU_OPTIONS = {"xla_cpu_use_fusion_emitters": False}  # ~40% faster compiles, same speed
+
+
+@functools.lru_cache(maxsize=None)
+def _compiler_options(backend: str):
+  """XLA options for ``backend``: on CPU, faster compilation if this jaxlib knows the option."""
+  if backend != "cpu":
+    return None
+  try:
+    jax.jit(lambda x: x + 1).lower(np.zeros(2)).compile(compiler_options=_CPU_OPTIONS)
+  except Exception:  # noqa: BLE001 - an unknown option in another jaxlib: compile without it
+    return None
+  return _CPU_OPTIONS
+
+
+def fast_jit(fn, **kwargs):
+  """``jax.jit`` with backend-specific options that shorten compile time (chosen at first call)."""
+  jitted = None
+
+  @functools.wraps(fn)
+  def call(*args, **kw):
+    nonlocal jitted
+    if jitted is None:
+      jitted = jax.jit(fn, compiler_options=_compiler_options(jax.default_backend()), **kwargs)
+    return jitted(*args, **kw)
+
+  return call

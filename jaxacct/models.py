@@ -1,0 +1,317 @@
+"""Privacy-loss models: one dominating pair (P, Q) per mechanism and adjacency direction.
+
+Conventions (see ``DESIGN.md``): the privacy loss is L = log(dP/dQ)(x) with x ~ P, and
+delta(eps) = E_P[(1 - e^{eps - L})_+] + P(L = +inf). For a base mechanism the "remove" pair is
+P = output with the user, Q = output without; Poisson subsampling at rate q gives
+remove: P = q B1 + (1-q) B0, Q = B0 and add: P = B0, Q = q B1 + (1-q) B0.
+
+Every model is a pytree whose leaves are float64 arrays (sigma, rate, ...), so one compiled
+accountant serves any parameter values and ``vmap``/``grad`` work over them. A model answers, for
+a direction flag ``add`` (False/0: the remove pair, True/1: the add pair; it may be traced, so
+both directions share one compiled program):
+
+* ``cdf_sf(loss)``: P(L <= l), P(L > l), Q(L <= l), Q(L > l), infinite atoms included. Both
+  complementary values are computed directly so that tails keep full relative precision.
+* ``inf_mass()``: P(L = +inf).
+* ``loss_range(log_tail)``: an interval holding all but exp(log_tail) of the finite loss mass
+  under P and under Q (used to place grids, never to certify).
+
+Models whose pair is the same in both directions set ``symmetric = True``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.scipy.special import ndtr
+
+from jaxacct._numerics import LOSS_BIG, safe_where
+
+def _model(cls):
+  """Frozen dataclass registered as a pytree whose fields are all data (array) fields."""
+  cls = dataclasses.dataclass(frozen=True)(cls)
+  return jax.tree_util.register_dataclass(cls)
+
+
+def _check_concrete(name, value, low, high, low_open=True, high_open=False):
+  """Raises ValueError unless every concrete entry of ``value`` lies in the interval."""
+  try:
+    vals = np.asarray(value, dtype=np.float64)
+  except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+    return  # traced: checked by the caller's documentation, not here
+  lo_ok = vals > low if low_open else vals >= low
+  hi_ok = vals < high if high_open else vals <= high
+  if not (np.all(np.isfinite(vals)) and np.all(lo_ok) and np.all(hi_ok)):
+    left = "(" if low_open else "["
+    right = ")" if high_open else "]"
+    raise ValueError(f"{name} must be finite and in {left}{low}, {high}{right}; got {value!r}")
+
+
+def _normal_cdf_sf(*zs):
+  """Phi(z) and Phi(-z) for each argument, from a single ``ndtr`` call (a smaller program).
+
+  Returns [cdf_1, sf_1, cdf_2, sf_2, ...]; each value is accurate in its own tail.
+  """
+  z = jnp.stack(jnp.broadcast_arrays(*zs))
+  values = ndtr(jnp.concatenate([z, -z]))
+  k = len(zs)
+  return [v for i in range(k) for v in (values[i], values[k + i])]
+
+
+def _clamp(loss):
+  return jnp.clip(loss, -LOSS_BIG, LOSS_BIG)
+
+
+class PrivacyLoss:
+  """Interface every mechanism implements (see the module docstring)."""
+
+  symmetric: ClassVar[bool] = True
+
+  def cdf_sf(self, loss, add=False):
+    raise NotImplementedError
+
+  def inf_mass(self, add=False):
+    return jnp.zeros(())
+
+  def loss_range(self, log_tail, add=False):
+    raise NotImplementedError
+
+  def check(self):
+    """Raises ValueError on invalid concrete parameters (no-op under tracing)."""
+
+
+@_model
+class Gaussian(PrivacyLoss):
+  """Gaussian mechanism N(f(D), sigma^2) with L2 sensitivity ``sensitivity``.
+
+  L ~ N(mu^2/2, mu^2) under P and N(-mu^2/2, mu^2) under Q, mu = sensitivity / sigma.
+  """
+
+  sigma: jax.Array
+  sensitivity: jax.Array = 1.0
+
+  def check(self):
+    _check_concrete("sigma", self.sigma, 0.0, float("inf"), high_open=True)
+    _check_concrete("sensitivity", self.sensitivity, 0.0, float("inf"), high_open=True)
+
+  def _mu(self):
+    return self.sensitivity / self.sigma
+
+  def cdf_sf(self, loss, add=False):
+    mu = self._mu()
+    loss = _clamp(loss)
+    return tuple(_normal_cdf_sf((loss - 0.5 * mu * mu) / mu, (loss + 0.5 * mu * mu) / mu))
+
+  def loss_range(self, log_tail, add=False):
+    mu = self._mu()
+    z = jnp.sqrt(-2.0 * log_tail)
+    return -0.5 * mu * mu - z * mu, 0.5 * mu * mu + z * mu
+
+
+@_model
+class Laplace(PrivacyLoss):
+  """Laplace mechanism f(D) + Lap(scale) with L1 sensitivity ``sensitivity``.
+
+  With e0 = sensitivity / scale, L has atoms at +-e0 and a continuous part in between:
+  P(L <= l) = exp((l - e0)/2)/2 and Q(L > l) = exp(-(l + e0)/2)/2 for -e0 <= l < e0.
+  """
+
+  scale: jax.Array
+  sensitivity: jax.Array = 1.0
+
+  def check(self):
+    _check_concrete("scale", self.scale, 0.0, float("inf"), high_open=True)
+    _check_concrete("sensitivity", self.sensitivity, 0.0, float("inf"), high_open=True)
+
+  def cdf_sf(self, loss, add=False):
+    e0 = self.sensitivity / self.scale
+    lc = jnp.clip(loss, -e0, e0)
+    below, above = loss < -e0, loss >= e0
+    p_small = 0.5 * jnp.exp(0.5 * (lc - e0))
+    q_small = 0.5 * jnp.exp(-0.5 * (lc + e0))
+    p_cdf = jnp.where(below, 0.0, jnp.where(above, 1.0, p_small))
+    p_sf = jnp.where(below, 1.0, jnp.where(above, 0.0, 1.0 - p_small))
+    q_sf = jnp.where(below, 1.0, jnp.where(above, 0.0, q_small))
+    q_cdf = jnp.where(below, 0.0, jnp.where(above, 1.0, 1.0 - q_small))
+    return p_cdf, p_sf, q_cdf, q_sf
+
+  def loss_range(self, log_tail, add=False):
+    e0 = self.sensitivity / self.scale
+    return -e0, e0
+
+
+@_model
+class EpsilonDelta(PrivacyLoss):
+  """The canonical (epsilon, delta)-DP pair (randomized response with a delta "leak").
+
+  P puts delta on L = +inf and (1-delta) on L = +-epsilon in proportion e^eps : 1; Q is its mirror
+  (delta on L = -inf). With ``delta = 0`` this is pure epsilon-DP, i.e. binary randomized response
+  with P(truth) = e^eps / (1 + e^eps), the worst case for any epsilon-DP mechanism.
+  """
+
+  epsilon: jax.Array
+  delta: jax.Array = 0.0
+
+  def check(self):
+    _check_concrete("epsilon", self.epsilon, 0.0, float("inf"), low_open=False, high_open=True)
+    _check_concrete("delta", self.delta, 0.0, 1.0, low_open=False, high_open=True)
+
+  def cdf_sf(self, loss, add=False):
+    eps, dlt = self.epsilon, self.delta
+    hi = (1.0 - dlt) * jax.nn.sigmoid(eps)   # P(L = +eps) = Q(L = -eps)
+    lo = (1.0 - dlt) * jax.nn.sigmoid(-eps)  # P(L = -eps) = Q(L = +eps)
+    ge_lo = (loss >= -eps).astype(loss.dtype)
+    ge_hi = (loss >= eps).astype(loss.dtype)
+    p_cdf = ge_lo * lo + ge_hi * hi
+    p_sf = dlt + (1.0 - ge_hi) * hi + (1.0 - ge_lo) * lo
+    q_cdf = dlt + ge_lo * hi + ge_hi * lo
+    q_sf = (1.0 - ge_hi) * lo + (1.0 - ge_lo) * hi
+    return p_cdf, p_sf, q_cdf, q_sf
+
+  def inf_mass(self, add=False):
+    return jnp.asarray(self.delta, dtype=jnp.result_type(float))
+
+  def loss_range(self, log_tail, add=False):
+    return -self.epsilon, self.epsilon
+
+
+def PureDP(epsilon):  # noqa: N802 - a constructor that reads like a class
+  """Pure epsilon-DP (binary randomized response): ``EpsilonDelta(epsilon, 0)``."""
+  return EpsilonDelta(epsilon, 0.0)
+
+
+def _subsampled_loss(base_loss, rate):
+  """f(z) = log(1 - q + q e^z): the remove-direction loss of a Poisson-subsampled step."""
+  big = base_loss > 0.0
+  pos = lambda z: z + jnp.log(rate) + jnp.log1p((1.0 - rate) / rate * jnp.exp(-z))
+  neg = lambda z: jnp.log1p(rate * jnp.expm1(z))
+  return safe_where(big, pos, neg, base_loss)
+
+
+def _log1m_rate(rate):
+  """log(1 - q), -inf at q = 1, with finite gradients everywhere."""
+  below_one = rate < 1.0
+  return jnp.where(below_one, jnp.log1p(-jnp.where(below_one, rate, 0.5)), -jnp.inf)
+
+
+def _base_loss_of(loss, rate):
+  """z(l) = log((e^l - 1 + q)/q), the inverse of ``_subsampled_loss``, and the support mask.
+
+  Off the support (l <= log(1 - q)) z is -LOSS_BIG, where every base CDF is its -inf atom.
+  """
+  support = loss > _log1m_rate(rate)
+  shifted = jnp.where(support, jnp.expm1(jnp.minimum(loss, 700.0)) + rate, 1.0)
+  z = jnp.where(support, jnp.log(shifted) - jnp.log(rate), -LOSS_BIG)
+  return jnp.clip(z, -LOSS_BIG, LOSS_BIG), support
+
+
+@_model
+class PoissonSampled(PrivacyLoss):
+  """Poisson subsampling at ``rate`` of any base model (DP-SGD's sampling).
+
+  The two adjacency directions are different pairs; accountants compose each and report the worse.
+  """
+
+  base: PrivacyLoss
+  rate: jax.Array
+
+  symmetric: ClassVar[bool] = False
+
+  def check(self):
+    self.base.check()
+    _check_concrete("sampling rate", self.rate, 0.0, 1.0)
+
+  def cdf_sf(self, loss, add=False):
+    q = self.rate
+    # remove: L = f(L_base) under P = mixture, Q = B0; add: L = -f(L_base) under P = B0,
+    # Q = mixture, so L <= l  <=>  L_base >= z(-l) and the roles of CDF and SF swap.
+    z, support = _base_loss_of(jnp.where(add, -1.0, 1.0) * _clamp(loss), q)
+    bp_cdf, bp_sf, bq_cdf, bq_sf = self.base.cdf_sf(z)
+    mix_cdf = q * bp_cdf + (1.0 - q) * bq_cdf
+    mix_sf = q * bp_sf + (1.0 - q) * bq_sf
+    on = lambda value, off: jnp.where(support, value, off)
+    remove = (on(mix_cdf, 0.0), on(mix_sf, 1.0), on(bq_cdf, 0.0), on(bq_sf, 1.0))
+    # With q = 1 the base's -inf atom under Q is P(L = +inf) in the add pair; p_sf includes it.
+    added = (on(bq_sf, 1.0), on(bq_cdf, 0.0), on(mix_sf, 1.0), on(mix_cdf, 0.0))
+    return tuple(jnp.where(add, a, r) for r, a in zip(remove, added))
+
+  def inf_mass(self, add=False):
+    q = self.rate
+    _, _, bq_cdf, _ = self.base.cdf_sf(jnp.asarray(-LOSS_BIG))
+    return jnp.where(add, jnp.where(q >= 1.0, bq_cdf, 0.0), q * self.base.inf_mass())
+
+  def loss_range(self, log_tail, add=False):
+    q = self.rate
+    lo_b, hi_b = self.base.loss_range(log_tail)
+    lo = jnp.where(q < 1.0, _log1m_rate(q), lo_b)
+    hi = _subsampled_loss(hi_b, q)
+    return jnp.where(add, -hi, lo), jnp.where(add, -lo, hi)
+
+
+@_model
+class SampledGaussianReplaceOne(PrivacyLoss):
+  """Poisson-subsampled Gaussian under replace-one adjacency, as dp-accounting defines it.
+
+  P = q N(-s, sigma^2) + (1-q) N(0, sigma^2) and Q = q N(s, sigma^2) + (1-q) N(0, sigma^2); the
+  pair is its own mirror image, so one direction suffices. With q = 1 it is the Gaussian mechanism
+  with sensitivity 2s. The loss is decreasing in x and its inverse solves a quadratic:
+  a x = -asinh(B / C) - l/2 with a = s/sigma^2, B = (1-q) sinh(l/2), C = q exp(-s^2/(2 sigma^2)).
+  """
+
+  sigma: jax.Array
+  rate: jax.Array
+  sensitivity: jax.Array = 1.0
+
+  def check(self):
+    _check_concrete("sigma", self.sigma, 0.0, float("inf"), high_open=True)
+    _check_concrete("sampling rate", self.rate, 0.0, 1.0)
+    _check_concrete("sensitivity", self.sensitivity, 0.0, float("inf"), high_open=True)
+
+  def _x_of_loss(self, loss):
+    s, sig, q = self.sensitivity, self.sigma, self.rate
+    a = s / sig**2
+    c = 0.5 * (s / sig) ** 2
+    half = 0.5 * jnp.clip(loss, -1400.0, 1400.0)
+    nonzero = (half != 0.0) & (q < 1.0)
+    abs_half = jnp.where(nonzero, jnp.abs(half), 1.0)
+    log_sinh = jnp.where(abs_half > 1.0,
+                         abs_half + jnp.log1p(-jnp.exp(-2.0 * abs_half)) - jnp.log(2.0),
+                         jnp.log(jnp.sinh(abs_half)))
+    q_safe = jnp.where(q < 1.0, q, 0.5)
+    log_ratio = jnp.log1p(-q_safe) + log_sinh + c - jnp.log(q_safe)  # log |B / C|
+    big = log_ratio > 30.0
+    asinh_abs = jnp.where(big, log_ratio + jnp.log(2.0),
+                          jnp.arcsinh(jnp.exp(jnp.minimum(log_ratio, 30.0))))
+    log_v = jnp.where(nonzero, -jnp.sign(half) * asinh_abs, 0.0)
+    return (log_v - half) / a
+
+  def cdf_sf(self, loss, add=False):
+    s, sig, q = self.sensitivity, self.sigma, self.rate
+    x = self._x_of_loss(_clamp(loss))  # L <= l  <=>  X >= x
+    # P(L <= l) = P(X >= x): each component's upper tail is the loss CDF, its lower tail the SF.
+    up_sf, up_cdf, mid_sf, mid_cdf, dn_sf, dn_cdf = _normal_cdf_sf(
+        (x + s) / sig, x / sig, (x - s) / sig)
+    p_cdf = q * up_cdf + (1.0 - q) * mid_cdf
+    p_sf = q * up_sf + (1.0 - q) * mid_sf
+    q_cdf = q * dn_cdf + (1.0 - q) * mid_cdf
+    q_sf = q * dn_sf + (1.0 - q) * mid_sf
+    return p_cdf, p_sf, q_cdf, q_sf
+
+  def loss_range(self, log_tail, add=False):
+    s, sig, q = self.sensitivity, self.sigma, self.rate
+    z = jnp.sqrt(-2.0 * log_tail)
+    a = s / sig**2
+    c = 0.5 * (s / sig) ** 2
+    log1mq = _log1m_rate(q)
+
+    def loss_at(x):
+      num = jnp.logaddexp(jnp.log(q) - a * x - c, log1mq)
+      den = jnp.logaddexp(jnp.log(q) + a * x - c, log1mq)
+      return num - den
+
+    x_edge = s + z * sig
+    return loss_at(x_edge), loss_at(-x_edge)

@@ -1,0 +1,56 @@
+"""The one result type: certified (lower, estimate, upper) with a status word."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# Status bits (combine with |). 0 means every certificate condition held.
+OK = 0
+WINDOW_TOO_SMALL = 1   # composed distribution wider than the FFT window: bounds widened
+BELOW_FLOOR = 2        # requested delta below what the grid resolves: upper = +inf
+LOWER_VACUOUS = 4      # no useful lower bound (reported as nan)
+
+STATUS_TEXT = {
+    WINDOW_TOO_SMALL: "composed loss wider than the grid window; bounds widened",
+    BELOW_FLOOR: "delta below the grid's numerical floor; upper is +inf",
+    LOWER_VACUOUS: "lower bound vacuous (nan)",
+}
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Bounds:
+  """A privacy parameter with certified bounds: ``lower <= truth <= upper``.
+
+  ``estimate`` is the accountant's point value. A bound the method cannot certify is ``nan``
+  (lower) or ``+inf`` (upper) and ``status`` says why (bits in ``jaxacct.results``). Every field is
+  a float64 array, batched like the inputs. Report ``upper`` as the privacy guarantee.
+  """
+
+  lower: jax.Array
+  estimate: jax.Array
+  upper: jax.Array
+  status: jax.Array
+
+  def to_dict(self, **extra):
+    """JSON-ready dict for a single (unbatched) result; absent bounds become ``None``."""
+    out = {}
+    for key in ("lower", "estimate", "upper"):
+      value = float(np.asarray(getattr(self, key)))
+      out[key] = value if math.isfinite(value) else None
+    status = int(np.asarray(self.status))
+    out["status"] = status
+    out["notes"] = [text for bit, text in STATUS_TEXT.items() if status & bit]
+    out.update(extra)
+    return out
+
+
+def worst_of(a: Bounds, b: Bounds) -> Bounds:
+  """Field-wise maximum: the guarantee for the worse of two dominating pairs."""
+  return Bounds(jnp.fmax(a.lower, b.lower), jnp.maximum(a.estimate, b.estimate),
+                jnp.maximum(a.upper, b.upper), a.status | b.status)

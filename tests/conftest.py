@@ -1,0 +1,40 @@
+"""Shared helpers for the test suite. Reference libraries are test-only dependencies."""
+
+import math
+
+import numpy as np
+import pytest
+from scipy import optimize, stats
+
+
+def gaussian_delta(eps, mu):
+  """Exact delta(eps) of the mu-GDP curve (composed Gaussians), in log space for tiny values."""
+  a = stats.norm.logcdf(-eps / mu + mu / 2)
+  b = eps + stats.norm.logcdf(-eps / mu - mu / 2)
+  return math.exp(a) * -math.expm1(b - a)
+
+
+def gaussian_epsilon(delta, mu):
+  """Exact epsilon(delta) of the mu-GDP curve (root in log delta, to 1e-13)."""
+  if gaussian_delta(0.0, mu) <= delta:
+    return 0.0
+  f = lambda e: math.log(gaussian_delta(e, mu)) - math.log(delta)
+  hi = 1.0
+  while f(hi) > 0:
+    hi *= 2
+  return optimize.brentq(f, 0.0, hi, xtol=1e-14, rtol=1e-15)
+
+
+def pure_dp_delta(eps, eps0, k):
+  """Exact delta(eps) of k-fold pure eps0-DP (binary randomized response, KOV15)."""
+  j = np.arange(k + 1)
+  p = math.exp(eps0) / (1 + math.exp(eps0))
+  weights = stats.binom.pmf(j, k, p)
+  losses = eps0 * (2 * j - k)
+  return float(np.sum(weights * np.maximum(0.0, -np.expm1(eps - losses))))
+
+
+@pytest.fixture(scope="session")
+def x64_off():
+  import jax
+  assert not jax.config.jax_enable_x64, "the test process must start with x64 disabled"

@@ -1,0 +1,96 @@
+"""The PLD accountant against closed forms: composed Gaussians, pure and approximate DP."""
+
+import math
+
+import jax
+import numpy as np
+import pytest
+
+import jaxacct
+from conftest import gaussian_delta, gaussian_epsilon, pure_dp_delta
+
+GAUSSIAN_CASES = [  # sigma, T, delta
+    (100.0, 10_000, 1e-5), (1.0, 1, 1e-5), (10.0, 1000, 1e-5), (2.0, 100, 1e-6),
+    (5.0, 1, 1e-10), (30.0, 3000, 1e-8), (3.0, 7, 1e-3), (50.0, 100_000, 1e-7),
+]
+
+
+@pytest.mark.parametrize("sigma, steps, delta", GAUSSIAN_CASES)
+def test_composed_gaussian_epsilon(sigma, steps, delta):
+  exact = gaussian_epsilon(delta, math.sqrt(steps) / sigma)
+  r = jaxacct.epsilon([(jaxacct.Gaussian(sigma), steps)], delta)
+  assert int(r.status) == 0
+  assert float(r.lower) <= exact <= float(r.upper)
+  assert abs(float(r.estimate) - exact) <= 1e-4
+  assert float(r.upper) - float(r.lower) <= 0.022  # the default plan: ~2 eps_error = 0.02
+
+
+def test_digest_gaussian_values():
+  # seed_002 digest 6.2: mu = 1 gives eps(1e-5) = 4.3771780957, eps(1e-3) = 3.13867055.
+  for delta, expected in [(1e-5, 4.3771780957), (1e-3, 3.13867055)]:
+    r = jaxacct.epsilon([(jaxacct.Gaussian(100.0), 10_000)], delta)
+    assert abs(float(r.estimate) - expected) < 1e-4
+    assert float(r.lower) <= expected <= float(r.upper)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.5, 1.0, 2.0, 3.0])
+def test_composed_gaussian_delta(eps):
+  exact = gaussian_delta(eps, 1.0)
+  r = jaxacct.delta([(jaxacct.Gaussian(1.0), 1)], eps)
+  assert float(r.lower) <= exact <= float(r.upper)
+  assert abs(float(r.estimate) - exact) <= 1e-4 * exact
+
+
+def test_heterogeneous_gaussian():
+  # sigma=10 x50 then sigma=5 x50: mu = sqrt(50/100 + 50/25); digest: delta(4) = 1.645567e-2.
+  comp = [(jaxacct.Gaussian(10.0), 50), (jaxacct.Gaussian(5.0), 50)]
+  mu = math.sqrt(0.5 + 2.0)
+  assert abs(gaussian_delta(4.0, mu) - 1.645567e-2) < 1e-8
+  r = jaxacct.delta(comp, 4.0)
+  assert float(r.lower) <= gaussian_delta(4.0, mu) <= float(r.upper)
+  e = jaxacct.epsilon(comp, 1e-6)
+  exact = gaussian_epsilon(1e-6, mu)
+  assert float(e.lower) <= exact <= float(e.upper)
+  assert abs(float(e.estimate) - exact) < 1e-4
+
+
+def test_gaussian_sensitivity_scales_like_sigma():
+  a = jaxacct.epsilon([(jaxacct.Gaussian(4.0, sensitivity=2.0), 30)], 1e-6)
+  b = jaxacct.epsilon([(jaxacct.Gaussian(2.0), 30)], 1e-6)
+  assert abs(float(a.estimate) - float(b.estimate)) < 1e-9
+
+
+@pytest.mark.parametrize("eps0, k, eps", [(0.1, 100, 0.5), (0.1, 100, 1.0), (0.1, 100, 2.0),
+                                          (1.0, 10, 3.0), (0.5, 400, 6.0)])
+def test_pure_dp_delta_exact(eps0, k, eps):
+  exact = pure_dp_delta(eps, eps0, k)
+  r = jaxacct.delta([(jaxacct.PureDP(eps0), k)], eps)
+  assert float(r.lower) <= exact <= float(r.upper)
+  assert abs(float(r.estimate) - exact) <= 2e-3 * exact  # atoms: the estimate converges slower
+
+
+def test_digest_pure_dp_values():
+  for eps, expected in [(0.5, 2.392542e-01), (1.0, 1.256884e-01), (2.0, 2.014018e-02)]:
+    assert abs(pure_dp_delta(eps, 0.1, 100) - expected) < 1e-6
+    r = jaxacct.delta([(jaxacct.PureDP(0.1), 100)], eps)
+    assert float(r.lower) <= expected <= float(r.upper)
+
+
+def test_approximate_dp_delta_at_zero():
+  # (0, 1e-7)-DP composed 1e4 times: delta(0) = 1 - (1 - 1e-7)^1e4 = 9.995002160e-4.
+  r = jaxacct.delta([(jaxacct.EpsilonDelta(0.0, 1e-7), 10_000)], 0.0)
+  exact = -math.expm1(10_000 * math.log1p(-1e-7))
+  assert abs(exact - 9.995002160e-04) < 1e-12
+  assert float(r.lower) <= exact <= float(r.upper)
+  assert float(r.lower) > 0.99 * exact
+  # Spreading each grid mass over its cell costs O(h) next to an atom at eps: still 1e-4 relative.
+  assert abs(float(r.estimate) - exact) < 1e-4 * exact
+
+
+def test_approximate_dp_infinite_mass():
+  # (1, 1e-6)-DP x 100: delta(eps) >= 1 - (1 - 1e-6)^100 for every eps; epsilon(delta) = inf below.
+  comp = [(jaxacct.EpsilonDelta(1.0, 1e-6), 100)]
+  floor = -math.expm1(100 * math.log1p(-1e-6))
+  assert float(jaxacct.delta(comp, 101.0).estimate) == pytest.approx(floor, rel=1e-9)  # > max finite loss
+  r = jaxacct.epsilon(comp, 0.5 * floor)
+  assert math.isinf(float(r.estimate)) and math.isinf(float(r.upper))
