@@ -32,9 +32,43 @@ def float64(fn):
   return wrapper
 
 
-def as_f64(x):
-  """Converts ``x`` to a float64 array (call inside a ``float64`` scope)."""
-  return jnp.asarray(x, dtype=jnp.float64)
+def scoped_gradients(fn, nondiff_argnums=()):
+  """``fn`` with its reverse-mode backward pass also run under a scoped ``enable_x64``.
+
+  A scoped float64 forward pass is not enough for ``grad``: the backward pass runs after the
+  scope has closed (when JAX transposes), where float64 would be silently truncated to float32.
+  A ``custom_vjp`` whose fwd and bwd both enter the scope keeps every gradient in float64.
+  """
+
+  def run(*args):
+    with jax.enable_x64(True):
+      return fn(*args)
+
+  wrapped = jax.custom_vjp(run, nondiff_argnums=nondiff_argnums)
+
+  def split(args):
+    diff = [a for i, a in enumerate(args) if i not in nondiff_argnums]
+    def call(*diff_args):
+      it = iter(diff_args)
+      return fn(*[a if i in nondiff_argnums else next(it) for i, a in enumerate(args)])
+    return diff, call
+
+  def fwd(*args):
+    with jax.enable_x64(True):
+      diff, call = split(args)
+      out, pullback = jax.vjp(call, *diff)
+    return out, pullback
+
+  def bwd(*rest):
+    pullback, cotangent = rest[-2], rest[-1]
+    with jax.enable_x64(True):
+      cotangent = jax.tree_util.tree_map(
+          lambda c: c.astype(jnp.float64) if jnp.issubdtype(c.dtype, jnp.floating) else c,
+          cotangent)
+      return tuple(pullback(cotangent))
+
+  wrapped.defvjp(fwd, bwd)
+  return functools.wraps(fn)(wrapped)
 
 
 def safe_where(cond, fn_true, fn_false, x):
@@ -78,7 +112,8 @@ def newton_in_bracket(value_and_slope, lo, hi, x0, iters=8):
     a = jnp.where(fx >= 0.0, x, a)
     b = jnp.where(fx <= 0.0, x, b)
     newton = x - fx / jnp.where(dfx < 0.0, dfx, -1.0)
-    inside = (dfx < 0.0) & (newton > a) & (newton < b)
+    # Inclusive: a converged step lands on the bracket end it just moved, and must stay there.
+    inside = (dfx < 0.0) & (newton >= a) & (newton <= b)
     x = jnp.where(inside, newton, 0.5 * (a + b))
     return x, a, b
 
@@ -110,14 +145,21 @@ def _compiler_options(backend: str):
 
 
 def fast_jit(fn, **kwargs):
-  """``jax.jit`` with backend-specific options that shorten compile time (chosen at first call)."""
-  jitted = None
+  """``jax.jit`` with backend-specific options that shorten compile time (chosen at first call).
+
+  Compiler options are only allowed on a top-level jit, so under a caller's transformation (its
+  arguments are tracers) the plain ``jax.jit`` is used.
+  """
+  nested = jax.jit(fn, **kwargs)
+  top = None
 
   @functools.wraps(fn)
   def call(*args, **kw):
-    nonlocal jitted
-    if jitted is None:
-      jitted = jax.jit(fn, compiler_options=_compiler_options(jax.default_backend()), **kwargs)
-    return jitted(*args, **kw)
+    nonlocal top
+    if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((args, kw))):
+      return nested(*args, **kw)
+    if top is None:
+      top = jax.jit(fn, compiler_options=_compiler_options(jax.default_backend()), **kwargs)
+    return top(*args, **kw)
 
   return call

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxacct import pld as _pld
-from jaxacct._numerics import fast_jit, float64
+from jaxacct._numerics import fast_jit, float64, scoped_gradients
 from jaxacct.composition import Composition, as_composition
 from jaxacct.models import Gaussian, PoissonSampled, SampledGaussianReplaceOne
 from jaxacct.results import Bounds
@@ -21,6 +21,11 @@ from jaxacct.results import Bounds
 RELATIONS = ("add_remove", "replace_one")
 # Peak memory of one batch element is ~ 16 arrays of N float64 values; chunks stay under this.
 _CHUNK_BYTES = 1 << 28
+
+
+def _as_float64(tree):
+  """Every leaf as a float64 array (inputs may come from a float32 program)."""
+  return jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float64), tree)
 
 
 def _traced(tree) -> bool:
@@ -61,7 +66,7 @@ def _mapped(single):
   def run(composition, x, plan, chunk):
     return jax.lax.map(lambda args: single(*args, plan), (composition, x), batch_size=chunk)
 
-  return fast_jit(run, static_argnames=("chunk",))
+  return fast_jit(scoped_gradients(run, nondiff_argnums=(3,)), static_argnums=(3,))
 
 
 def _epsilon_single(composition, delta, plan):
@@ -72,19 +77,20 @@ def _delta_single(composition, epsilon, plan):
   return _pld.delta_from_pld(_pld.compose(composition, plan), epsilon)
 
 
-_epsilon_one = fast_jit(_epsilon_single)
-_delta_one = fast_jit(_delta_single)
+_epsilon_one = fast_jit(scoped_gradients(_epsilon_single))
+_delta_one = fast_jit(scoped_gradients(_delta_single))
 _epsilon_many = _mapped(_epsilon_single)
 _delta_many = _mapped(_delta_single)
-_compose = fast_jit(_pld.compose)
+_compose = fast_jit(scoped_gradients(_pld.compose))
 
 
 def _run(one, many, composition, x, plan, batch_size):
+  composition, x = _as_float64((composition, x))
   shape = _batch_shape((composition, x))
   if shape == ():
     return one(composition, x, plan)
   flat_comp, flat_x = _flatten_batch((composition, x), shape)
-  out = many(flat_comp, flat_x, plan, chunk=_chunk(plan, batch_size))
+  out = many(flat_comp, flat_x, plan, _chunk(plan, batch_size))
   return jax.tree_util.tree_map(lambda a: a.reshape(shape), out)
 
 
@@ -118,7 +124,8 @@ def compose(composition, *, delta=1e-10, eps_error=0.01, delta_error=1e-3,
   composition = as_composition(composition)
   composition.check()
   _check_range("delta", delta, 0.0, 1.0)
-  return _compose(composition, _plan_for(composition, delta, eps_error, delta_error, plan))
+  plan = _plan_for(composition, delta, eps_error, delta_error, plan)
+  return _compose(_as_float64(composition), plan)
 
 
 @float64

@@ -34,7 +34,7 @@ import numpy as np
 
 from jaxacct import results
 from jaxacct._numerics import (F64_EPS, LOSS_BIG, fast_jit, float64, hockey_primitive,
-                               implicit_root, newton_in_bracket)
+                               implicit_root, newton_in_bracket, scoped_gradients)
 from jaxacct.composition import Composition
 from jaxacct.results import Bounds
 
@@ -136,13 +136,17 @@ class PrivacyLossDistribution:
 
 
 def _cell_masses(cdf, sf):
-  """Mass of each grid cell (t_i, t_{i+1}] from whichever of CDF/SF is smaller (tail accuracy).
+  """Mass of each grid cell (t_i, t_{i+1}], accurate in both tails and smooth in parameters.
 
+  Blends the SF and CDF differences with weight w = CDF(t_i): in the right tail (w ~ 1) the SF
+  difference is the accurate one, in the left tail the CDF difference. A hard switch between the
+  two would move with the parameters and make the pmf jump by the round-off between them (which
+  the split amplifies to ~1e-10 relative), i.e. kinks in delta and noise in finite differences.
   Returns the masses and the magnitude of the differenced values (for round-off bounds).
   """
-  use_sf = sf[:-1] <= cdf[1:]
-  mass = jnp.where(use_sf, sf[:-1] - sf[1:], cdf[1:] - cdf[:-1])
-  scale = jnp.where(use_sf, sf[:-1], cdf[1:])
+  w = jnp.clip(cdf[:-1], 0.0, 1.0)
+  mass = w * (sf[:-1] - sf[1:]) + (1.0 - w) * (cdf[1:] - cdf[:-1])
+  scale = w * sf[:-1] + (1.0 - w) * cdf[1:]
   return jnp.maximum(mass, 0.0), scale
 
 
@@ -174,7 +178,7 @@ def _discretise(model, add, plan: Plan) -> _Step:
   moved = jnp.sum(jnp.minimum(2.0 * guard, p_cell))
   # Bias of the split against the cell's exponential mean l* = -log(Q/P) (Jensen: l* <= E[L|cell],
   # within ~h^2/24): with u = b - l*, E[D | cell] - l* = u - h expm1(u)/expm1(h) >= 0.
-  has_mass = p_cell > 0.0
+  has_mass = p_cell > 1e-120  # (below, p^2 underflows in the derivative of x/p; no bias there)
   u = jnp.log1p(to_lower_safe * denom / jnp.where(has_mass, p_cell, 1.0))
   bias = jnp.sum(jnp.where(has_mass, p_cell * (u - h * jnp.expm1(u) / denom), 0.0))
   return _Step(pmf, start, log_finite, jax.lax.stop_gradient(tail), jax.lax.stop_gradient(moved),
@@ -508,9 +512,10 @@ def _epsilon_direction(view, plan, delta):
   solve = lambda centre, target, side: _epsilon_on_grid(pmf, sums, centre, h, target, side)
   lower, estimate, upper = jax.vmap(solve)(centres, targets, jnp.sign(_SHIFTS))
   lower = lower - _lower_shift(view, plan, eta, h)
-  status = view["status"] | jnp.where(upper_target > 0.0, 0, results.BELOW_FLOOR)
+  floor = jnp.where(upper_target > 0.0, results.OK, results.BELOW_FLOOR).astype(jnp.int32)
+  status = jnp.bitwise_or(view["status"].astype(jnp.int32), floor)
   clip = lambda e: jnp.maximum(e, 0.0)
-  return Bounds(clip(lower), clip(estimate), clip(upper), status.astype(jnp.int32))
+  return Bounds(clip(lower), clip(estimate), clip(upper), status)
 
 
 def _delta_direction(view, plan, eps):
@@ -558,9 +563,9 @@ def delta_from_pld(pld: PrivacyLossDistribution, epsilon) -> Bounds:
   return jnp.vectorize(one, signature="()->()")(epsilon) if epsilon.ndim else one(epsilon)
 
 
-_epsilon_jit = fast_jit(epsilon_from_pld)
-_delta_jit = fast_jit(delta_from_pld)
-_append_jit = fast_jit(append)
+_epsilon_jit = fast_jit(scoped_gradients(epsilon_from_pld))
+_delta_jit = fast_jit(scoped_gradients(delta_from_pld))
+_append_jit = fast_jit(scoped_gradients(append))
 
 
 # ----------------------------------------------------------------------------------------------

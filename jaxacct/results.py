@@ -53,4 +53,4 @@ class Bounds:
 def worst_of(a: Bounds, b: Bounds) -> Bounds:
   """Field-wise maximum: the guarantee for the worse of two dominating pairs."""
   return Bounds(jnp.fmax(a.lower, b.lower), jnp.maximum(a.estimate, b.estimate),
-                jnp.maximum(a.upper, b.upper), a.status | b.status)
+                jnp.maximum(a.upper, b.upper), jnp.bitwise_or(a.status, b.status))

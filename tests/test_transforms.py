@@ -1,0 +1,130 @@
+"""jit / vmap / grad of the PLD accountant, float64 scoping, reuse of a composed PLD."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxacct
+from jaxacct import pld
+
+SIGMAS = np.linspace(0.8, 3.0, 100)
+PLAN_ARGS = dict(noise_multiplier=SIGMAS, sampling_rate=0.02, steps=300, delta=1e-6)
+
+
+@pytest.fixture(scope="module")
+def plan():
+  return jaxacct.dpsgd_plan(**PLAN_ARGS)
+
+
+def _fields(r):
+  return np.array([np.asarray(r.lower), np.asarray(r.estimate), np.asarray(r.upper)])
+
+
+def test_jit_equals_eager(plan):
+  comp = jaxacct.dpsgd_composition(1.3, 0.02, 300)
+  with jax.enable_x64(True):
+    eager = pld.epsilon_from_pld(pld.compose(comp, plan), 1e-6)
+    jitted = jax.jit(lambda c, d: pld.epsilon_from_pld(pld.compose(c, plan), d))(comp, 1e-6)
+  # The estimate agrees to round-off; the bounds' safe-side nudge is proportional to a residual
+  # at round-off level, so it moves with XLA's fusion order (1e-9 relative, always outward).
+  np.testing.assert_allclose(np.asarray(eager.estimate), np.asarray(jitted.estimate), rtol=1e-11)
+  np.testing.assert_allclose(_fields(eager), _fields(jitted), rtol=1e-8)
+
+
+def test_vmap_over_100_sigmas_equals_loop(plan):
+  batched = jaxacct.dpsgd_epsilon(SIGMAS, 0.02, 300, 1e-6, plan=plan)
+  assert batched.estimate.shape == (100,)
+  for i in range(0, 100, 9):
+    one = jaxacct.dpsgd_epsilon(SIGMAS[i], 0.02, 300, 1e-6, plan=plan)
+    # Equal up to FFT round-off (~1e-20 per grid point, ~1e-9 relative in epsilon at this delta).
+    np.testing.assert_allclose(_fields(one), _fields(batched)[:, i], rtol=1e-8)
+  # More noise, less epsilon: the batch is ordered.
+  assert np.all(np.diff(np.asarray(batched.upper)) < 0)
+
+
+def test_user_vmap_and_jit(plan):
+  f = jax.jit(jax.vmap(lambda s: jaxacct.dpsgd_epsilon(s, 0.02, 300, 1e-6, plan=plan).estimate))
+  out = f(jnp.asarray(SIGMAS[:7]))
+  ref = jaxacct.dpsgd_epsilon(SIGMAS[:7], 0.02, 300, 1e-6, plan=plan).estimate
+  # A differently fused program: equal within the certified round-off (fft_error ~ 2e-13 on delta).
+  np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=1e-6)
+
+
+def _estimate(plan, sigma, rate, steps=300, delta=1e-6):
+  return jaxacct.dpsgd_epsilon(sigma, rate, steps, delta, plan=plan).estimate
+
+
+@pytest.mark.parametrize("sigma, rate", [(0.93, 0.0137), (1.3711, 0.02), (2.05, 0.00731),
+                                         (1.1, 0.0191), (2.71, 0.0155), (1.618, 0.01)])
+def test_grad_matches_central_differences(plan, sigma, rate):
+  d_sigma, d_rate = jax.grad(lambda s, q: _estimate(plan, s, q), argnums=(0, 1))(sigma, rate)
+  for x, g, f in [(sigma, d_sigma, lambda s: _estimate(plan, s, rate)),
+                  (rate, d_rate, lambda q: _estimate(plan, sigma, q))]:
+    step = 1e-5 * x
+    fd = (float(f(x + step)) - float(f(x - step))) / (2 * step)
+    assert abs(float(g) - fd) <= 1e-4 * abs(fd), (x, float(g), fd)
+
+
+def test_grad_of_gaussian_matches_closed_form():
+  # eps(delta) for mu-GDP: d eps / d mu = phi(mu/2 - eps/mu) / (e^eps Phi(-eps/mu - mu/2)).
+  from scipy import stats
+  from conftest import gaussian_epsilon
+  sigma, steps, delta = 10.0, 1000, 1e-5
+  comp = lambda s: jaxacct.Composition.of((jaxacct.Gaussian(s), steps))
+  plan = jaxacct.make_plan(comp(sigma * 0.9), delta)
+  g = jax.grad(lambda s: jaxacct.epsilon(comp(s), delta, plan=plan).estimate)(sigma)
+  mu = math.sqrt(steps) / sigma
+  eps = gaussian_epsilon(delta, mu)
+  deps_dmu = stats.norm.pdf(mu / 2 - eps / mu) / (math.exp(eps) * stats.norm.cdf(-eps / mu - mu / 2))
+  assert abs(float(g) - (-(mu / sigma) * deps_dmu)) < 1e-3 * abs(deps_dmu * mu / sigma)
+
+
+def test_grad_wrt_delta_is_implicit():
+  comp = jaxacct.dpsgd_composition(1.0, 0.01, 1000)
+  plan = jaxacct.make_plan(comp, 1e-7)
+  f = lambda d: jaxacct.epsilon(comp, d, plan=plan).estimate
+  g = jax.grad(f)(1e-6)
+  fd = (float(f(1e-6 * (1 + 1e-5))) - float(f(1e-6 * (1 - 1e-5)))) / 2e-11
+  assert abs(float(g) - fd) < 1e-4 * abs(fd)
+
+
+def test_float64_is_scoped(plan):
+  assert not jax.config.jax_enable_x64
+  r = jaxacct.dpsgd_epsilon(1.2, 0.02, 300, 1e-6)
+  assert r.estimate.dtype == jnp.float64
+  assert not jax.config.jax_enable_x64  # the process-wide flag is untouched
+
+
+def test_inside_a_float32_jit(plan):
+  @jax.jit
+  def train_step(w, sigma):
+    loss = jnp.sum(w * w)  # a float32 computation of the user's
+    eps = jaxacct.dpsgd_epsilon(sigma, 0.02, 300, 1e-6, plan=plan)
+    return loss, eps.upper
+
+  loss, eps = train_step(jnp.ones(3, jnp.float32), jnp.float32(1.3))
+  assert loss.dtype == jnp.float32
+  assert eps.dtype == jnp.float64
+  ref = jaxacct.dpsgd_epsilon(1.3, 0.02, 300, 1e-6, plan=plan).upper
+  # sigma arrives as float32: compare at that sigma.
+  ref32 = jaxacct.dpsgd_epsilon(float(np.float32(1.3)), 0.02, 300, 1e-6, plan=plan).upper
+  assert float(eps) == pytest.approx(float(ref32), rel=1e-6)
+  assert float(eps) == pytest.approx(float(ref), rel=1e-6)
+
+
+def test_composed_pld_reuse_and_append():
+  comp = jaxacct.dpsgd_composition(1.1, 0.01, 1500)
+  plan = jaxacct.make_plan(comp, 1e-8)
+  half = jaxacct.compose(jaxacct.dpsgd_composition(1.1, 0.01, 700), plan=plan)
+  whole = half.append(jaxacct.dpsgd_composition(1.1, 0.01, 800))
+  direct = jaxacct.compose(comp, plan=plan)
+  deltas = np.array([1e-5, 1e-6, 1e-7])
+  a, b = whole.epsilon(deltas), direct.epsilon(deltas)
+  assert a.estimate.shape == (3,)
+  np.testing.assert_allclose(_fields(a), _fields(b), rtol=1e-9)
+  # delta(epsilon) and epsilon(delta) are inverse to each other.
+  back = direct.delta(b.estimate)
+  np.testing.assert_allclose(np.asarray(back.estimate), deltas, rtol=1e-7)
