@@ -154,11 +154,14 @@ def _discretise(model, add, plan: Plan) -> _Step:
   """Dominating connect-the-dots masses of one step on M grid points."""
   h = jax.lax.stop_gradient(plan.grid_step)
   size = plan.per_step_size
-  lo, _ = model.loss_range(jax.lax.stop_gradient(plan.log_tail), add)
+  lo, hi = model.loss_range(jax.lax.stop_gradient(plan.log_tail), add)
   lo = jax.lax.stop_gradient(jnp.clip(lo, -LOSS_BIG / 2, LOSS_BIG / 2))
   start = jnp.floor(lo / h).astype(jnp.int64) - 1  # t_0 < lo: P(L <= t_0) is truly tail mass
   t = (start + jnp.arange(size)).astype(jnp.float64) * h
-  p_cdf, p_sf, q_cdf, q_sf = model.cdf_sf(t, add)
+  # The grid ends at the range's top (not wherever the static size reaches), so the planning
+  # pass and this one agree on the support; the mass above goes to +inf like any truncated tail.
+  top = jax.lax.stop_gradient(jnp.ceil(jnp.clip(hi, -LOSS_BIG / 2, LOSS_BIG / 2) / h) * h)
+  p_cdf, p_sf, q_cdf, q_sf = model.cdf_sf(jnp.minimum(t, top), add)
   p_cell, p_scale = _cell_masses(p_cdf, p_sf)
   q_cell, q_scale = _cell_masses(q_cdf, q_sf)
   exp_b = jnp.exp(jnp.minimum(t[1:], _MAX_SPAN))

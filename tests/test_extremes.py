@@ -1,0 +1,50 @@
+"""Extreme settings (tiny q, large sigma, T = 1e6, delta 1e-10 and 1e-12) against dp-accounting.
+
+dp-accounting's pessimistic PLD certifies an upper bound of the truth, its optimistic one a lower
+bound; our bracket must be consistent with both, and a delta below the numerical floor must give
+an infinite upper with the BELOW_FLOOR status, never a wrong finite number.
+"""
+
+import logging
+
+import pytest
+
+import jaxacct
+from jaxacct import results
+from dp_accounting.pld import privacy_loss_distribution as dpa_pld
+
+logging.getLogger().setLevel(logging.ERROR)
+
+CASES = [  # sigma, q, T, delta, dp-accounting grid step
+    (1.0, 1e-5, 100_000, 1e-10, 1e-6),
+    (10.0, 1e-4, 1_000, 1e-6, 1e-7),
+    (50.0, 0.5, 10_000, 1e-8, 1e-5),
+    (1.0, 1e-3, 1_000_000, 1e-5, 2e-5),
+    (0.6, 0.02, 2_000, 1e-10, 1e-4),
+    (2.0, 0.01, 5_000, 1e-12, 1e-4),
+]
+
+
+def _dpa(sigma, rate, steps, delta, step, pessimistic):
+  mech = dpa_pld.from_gaussian_mechanism(standard_deviation=sigma, sampling_prob=rate,
+                                         value_discretization_interval=step,
+                                         pessimistic_estimate=pessimistic,
+                                         use_connect_dots=pessimistic)
+  return mech.self_compose(steps).get_epsilon_for_delta(delta)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sigma, rate, steps, delta, step", CASES)
+def test_extreme_settings(sigma, rate, steps, delta, step):
+  r = jaxacct.dpsgd_epsilon(sigma, rate, steps, delta)
+  upper_ref = _dpa(sigma, rate, steps, delta, step, True)
+  lower_ref = _dpa(sigma, rate, steps, delta, step, False)
+  lower, estimate, upper = float(r.lower), float(r.estimate), float(r.upper)
+  assert lower <= upper_ref
+  assert lower <= estimate <= upper
+  if int(r.status) & results.BELOW_FLOOR:
+    assert upper == float("inf")
+  else:
+    assert int(r.status) == 0
+    assert upper >= lower_ref
+    assert abs(estimate - upper_ref) <= 1e-3 * max(1.0, upper_ref)

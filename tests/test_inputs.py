@@ -1,0 +1,252 @@
+"""Documented behaviour on bad input, at the numerical floor, and of the command line."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import jaxacct
+import jaxacct.cli
+from jaxacct import results
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GOOD = dict(noise_multiplier=1.0, sampling_rate=0.01, steps=1000, delta=1e-5)
+DPSGD_EPS_1E5 = 1.8282  # dp-accounting's reference epsilon for GOOD (add/remove)
+
+
+def _name(name):
+  """Regex that matches ``name`` as a whole word (so "delta" does not match "delta_error")."""
+  return rf"(?<![\w]){name}(?![\w])"
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. Scalar bad input: ValueError naming the parameter, raised before any heavy computation.
+
+BAD_DPSGD = [
+    ("noise_multiplier", 0.0),
+    ("noise_multiplier", -1.0),
+    ("noise_multiplier", float("nan")),
+    ("noise_multiplier", float("inf")),
+    ("sampling_rate", 0.0),
+    ("sampling_rate", -0.1),
+    ("sampling_rate", 1.5),
+    ("sampling_rate", float("nan")),
+    ("steps", -1),
+    ("steps", 2.5),
+    ("steps", float("inf")),
+    ("delta", 0.0),
+    ("delta", 1.0),
+    ("delta", 1.5),
+    ("delta", -1e-5),
+    ("delta", float("nan")),
+]
+
+
+@pytest.mark.parametrize("name,value", BAD_DPSGD, ids=[f"{n}={v}" for n, v in BAD_DPSGD])
+def test_dpsgd_epsilon_rejects_bad_scalar(name, value):
+  args = {**GOOD, name: value}
+  with pytest.raises(ValueError, match=_name(name)):
+    jaxacct.dpsgd_epsilon(**args)
+
+
+@pytest.mark.parametrize("eps", [-1.0, -1e-9, float("nan")])
+def test_dpsgd_delta_rejects_bad_epsilon(eps):
+  with pytest.raises(ValueError, match=_name("epsilon")):
+    jaxacct.dpsgd_delta(1.0, 0.01, 1000, eps)
+
+
+@pytest.mark.parametrize("fn", [jaxacct.dpsgd_epsilon, jaxacct.dpsgd_delta])
+def test_bogus_relation(fn):
+  last = GOOD["delta"] if fn is jaxacct.dpsgd_epsilon else 1.0
+  with pytest.raises(ValueError, match=_name("relation")):
+    fn(1.0, 0.01, 1000, last, relation="bogus")
+
+
+@pytest.mark.parametrize("eps_error", [0.0, 2.0])
+def test_bad_eps_error(eps_error):
+  with pytest.raises(ValueError, match=_name("eps_error")):
+    jaxacct.dpsgd_epsilon(**GOOD, eps_error=eps_error)
+
+
+BAD_MODELS = [
+    ("gaussian_sigma_negative", [(jaxacct.Gaussian(-1.0), 10)], r"sigma.*-1\.0"),
+    ("laplace_scale_zero", [(jaxacct.Laplace(0.0), 10)], r"scale.*0\.0"),
+    ("epsilon_delta_delta_1.5", [(jaxacct.EpsilonDelta(1.0, 1.5), 1)], r"delta.*1\.5"),
+    ("poisson_rate_zero", [(jaxacct.PoissonSampled(jaxacct.Gaussian(1.0), 0.0), 10)], r"rate"),
+    ("empty_composition", jaxacct.Composition((), ()), r"composition"),
+]
+
+
+@pytest.mark.parametrize("composition,pattern", [c[1:] for c in BAD_MODELS],
+                         ids=[c[0] for c in BAD_MODELS])
+def test_bad_models(composition, pattern):
+  with pytest.raises(ValueError, match=pattern):
+    jaxacct.epsilon(composition, 1e-5)
+  with pytest.raises(ValueError, match=pattern):
+    jaxacct.delta(composition, 1.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. Batches: one invalid entry is enough to reject the call.
+
+BAD_BATCHES = [
+    ("noise_multiplier", np.array([1.0, -1.0])),
+    ("sampling_rate", np.array([0.01, 1.5])),
+    ("steps", np.array([1000.0, 2.5])),
+    ("delta", np.array([1e-5, 0.0])),
+    ("delta", np.array([1e-5, np.nan])),
+]
+
+
+@pytest.mark.parametrize("name,value", BAD_BATCHES,
+                         ids=[f"{n}={v.tolist()}" for n, v in BAD_BATCHES])
+def test_batch_with_one_bad_entry(name, value):
+  args = {**GOOD, name: value}
+  with pytest.raises(ValueError, match=_name(name)):
+    jaxacct.dpsgd_epsilon(**args)
+
+
+def test_batch_with_one_bad_epsilon():
+  with pytest.raises(ValueError, match=_name("epsilon")):
+    jaxacct.dpsgd_delta(1.0, 0.01, 1000, np.array([1.0, -1.0]))
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. A delta far below what the grid resolves never yields a wrong finite epsilon.
+
+def test_tiny_delta_never_gives_wrong_finite_upper():
+  try:
+    r = jaxacct.dpsgd_epsilon(1.0, 0.01, 1000, 1e-300)
+  except ValueError:
+    return  # refusing is allowed
+  upper, status = float(np.asarray(r.upper)), int(np.asarray(r.status))
+  assert not math.isnan(upper)
+  if math.isinf(upper):
+    assert upper > 0
+    assert status & results.BELOW_FLOOR, f"upper=+inf but status={status} lacks BELOW_FLOOR"
+  else:
+    # A finite upper must not claim to be below the floor, and must be a valid upper bound:
+    # epsilon(1e-300) > epsilon(1e-10) >= certified lower at 1e-10.
+    assert not status & results.BELOW_FLOOR, f"finite upper {upper} with BELOW_FLOOR set"
+    reference = float(np.asarray(jaxacct.dpsgd_epsilon(1.0, 0.01, 1000, 1e-10).lower))
+    assert upper >= reference
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. Command line.
+
+CLI_SETTING = ["--noise-multiplier", "1.0", "--sampling-rate", "0.01", "--steps", "1000"]
+
+
+def _run_cli(*args):
+  env = dict(os.environ)
+  env["JAXACCT_NO_CACHE"] = "1"
+  env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+  return subprocess.run([sys.executable, "-m", "jaxacct.cli", *args], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=300)
+
+
+def _nonempty_lines(text):
+  return [line for line in text.splitlines() if line.strip()]
+
+
+def _is_number(v):
+  return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def test_cli_epsilon_json():
+  proc = _run_cli("epsilon", *CLI_SETTING, "--delta", "1e-5", "--json")
+  assert proc.returncode == 0, proc.stderr
+  assert len(_nonempty_lines(proc.stdout)) == 1, proc.stdout
+  out = json.loads(proc.stdout)
+  assert isinstance(out, dict)
+  for key in ("lower", "estimate", "upper"):
+    assert _is_number(out[key]), (key, out[key])
+  assert out["lower"] <= out["estimate"] <= out["upper"]
+  assert abs(out["estimate"] - DPSGD_EPS_1E5) < 1e-3, out
+
+
+def test_cli_epsilon_text():
+  proc = _run_cli("epsilon", *CLI_SETTING, "--delta", "1e-5")
+  assert proc.returncode == 0, proc.stderr
+  for key in ("lower", "estimate", "upper"):
+    assert key in proc.stdout
+  with pytest.raises(json.JSONDecodeError):
+    json.loads(proc.stdout)
+
+
+def test_cli_delta_json():
+  proc = _run_cli("delta", *CLI_SETTING, "--epsilon", "2", "--json")
+  assert proc.returncode == 0, proc.stderr
+  assert len(_nonempty_lines(proc.stdout)) == 1, proc.stdout
+  out = json.loads(proc.stdout)
+  for key in ("lower", "estimate", "upper"):
+    assert _is_number(out[key]), (key, out[key])
+  assert 0 < out["lower"] <= out["estimate"] <= out["upper"] < 1, out
+
+
+def test_cli_bad_value_subprocess():
+  proc = _run_cli("epsilon", *CLI_SETTING[:2], "--sampling-rate", "2", "--steps", "1000",
+                  "--delta", "1e-5")
+  assert proc.returncode == 2
+  assert proc.stdout == ""
+  lines = _nonempty_lines(proc.stderr)
+  assert len(lines) == 1, proc.stderr
+  assert lines[0].startswith("jaxacct: error:")
+  assert "sampling_rate" in lines[0]
+
+
+def test_cli_non_number_subprocess():
+  proc = _run_cli("epsilon", "--steps", "abc")
+  assert proc.returncode == 2
+  assert proc.stdout == ""
+  assert "abc" in proc.stderr
+
+
+BAD_CLI = [
+    (["epsilon", "--sampling-rate", "2"], "sampling_rate"),
+    (["epsilon", "--noise-multiplier", "-1"], "noise_multiplier"),
+    (["epsilon", "--delta", "0"], "delta"),
+    (["delta", "--epsilon", "-1"], "epsilon"),
+]
+
+
+@pytest.mark.parametrize("argv,name", BAD_CLI, ids=[" ".join(a) for a, _ in BAD_CLI])
+def test_cli_bad_value_in_process(argv, name, capsys, monkeypatch):
+  monkeypatch.setenv("JAXACCT_NO_CACHE", "1")
+  assert jaxacct.cli.main(argv) == 2
+  captured = capsys.readouterr()
+  assert captured.out == ""
+  lines = _nonempty_lines(captured.err)
+  assert len(lines) == 1, captured.err
+  assert lines[0].startswith("jaxacct: error:")
+  assert name in lines[0]
+
+
+def test_cli_non_number_in_process(capsys, monkeypatch):
+  monkeypatch.setenv("JAXACCT_NO_CACHE", "1")
+  with pytest.raises(SystemExit) as info:
+    jaxacct.cli.main(["epsilon", "--steps", "abc"])
+  assert info.value.code == 2
+  assert capsys.readouterr().out == ""
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. Bounds.to_dict: nan / inf become None, and the dict is JSON-serialisable.
+
+def test_bounds_to_dict_nonfinite_to_none():
+  b = jaxacct.Bounds(lower=np.float64("nan"), estimate=np.float64(1.0),
+                     upper=np.float64("inf"), status=np.int32(4))
+  d = b.to_dict(quantity="epsilon")
+  assert d["lower"] is None
+  assert d["estimate"] == 1.0
+  assert d["upper"] is None
+  assert d["status"] == 4 and isinstance(d["status"], int)
+  assert d["notes"] == [results.STATUS_TEXT[results.LOWER_VACUOUS]]
+  assert d["quantity"] == "epsilon"
+  text = json.dumps(d, allow_nan=False)
+  assert json.loads(text) == d

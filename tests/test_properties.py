@@ -1,0 +1,64 @@
+"""Property tests (hypothesis) over random DP-SGD settings, against live dp-accounting.
+
+One plan serves every example (sigma >= 1, q <= 0.1, T <= 400, delta >= 1e-9), so they share one
+compiled accountant. dp-accounting's pessimistic PLD certifies an upper bound of the truth and its
+optimistic (privacy-buckets) PLD a lower bound: ours must be consistent with both.
+"""
+
+import logging
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import jaxacct
+from dp_accounting.pld import privacy_loss_distribution as dpa_pld
+
+logging.getLogger().setLevel(logging.ERROR)  # dp-accounting warns about optimistic estimates
+
+PLAN = jaxacct.dpsgd_plan(1.0, 0.1, 400, 1e-9)
+
+sigmas = st.floats(1.0, 4.0)
+rates = st.floats(1e-3, 0.1)
+counts = st.integers(1, 400)
+deltas = st.floats(1e-9, 1e-3).map(lambda d: float(10 ** np.interp(d, [1e-9, 1e-3], [-9, -3])))
+SETTINGS = settings(max_examples=25, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow])
+
+
+def _ours(sigma, rate, steps, delta):
+  return jaxacct.dpsgd_epsilon(sigma, rate, steps, delta, plan=PLAN)
+
+
+def _dpa(sigma, rate, steps, delta, pessimistic):
+  mech = dpa_pld.from_gaussian_mechanism(standard_deviation=sigma, sampling_prob=rate,
+                                         value_discretization_interval=1e-4,
+                                         pessimistic_estimate=pessimistic,
+                                         use_connect_dots=pessimistic)
+  return mech.self_compose(steps).get_epsilon_for_delta(delta)
+
+
+@SETTINGS
+@given(sigmas, rates, counts, deltas)
+def test_bounds_consistent_with_dp_accounting(sigma, rate, steps, delta):
+  r = _ours(sigma, rate, steps, delta)
+  upper_ref = _dpa(sigma, rate, steps, delta, pessimistic=True)
+  lower_ref = _dpa(sigma, rate, steps, delta, pessimistic=False)
+  assert int(r.status) == 0
+  assert float(r.lower) <= upper_ref + 1e-12
+  assert float(r.upper) >= lower_ref - 1e-12
+  assert float(r.lower) <= float(r.estimate) <= float(r.upper)
+  # dp-accounting's pessimistic value at this grid is within ~T h^2 of the truth.
+  assert abs(float(r.estimate) - upper_ref) <= 1e-3 * max(1.0, upper_ref)
+
+
+@SETTINGS
+@given(sigmas, rates, counts, deltas, st.floats(1.001, 1.5))
+def test_upper_is_monotone(sigma, rate, steps, delta, factor):
+  base = float(_ours(sigma, rate, steps, delta).upper)
+  tol = 1e-9 * max(1.0, base)
+  assert float(_ours(min(4.0, sigma * factor), rate, steps, delta).upper) <= base + tol
+  assert float(_ours(sigma, min(0.1, rate * factor), steps, delta).upper) >= base - tol
+  assert float(_ours(sigma, rate, min(400, math.ceil(steps * factor)), delta).upper) >= base - tol
+  assert float(_ours(sigma, rate, steps, min(1e-3, delta * factor)).upper) <= base + tol
