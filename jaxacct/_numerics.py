@@ -147,17 +147,17 @@ def _compiler_options(backend: str):
 def fast_jit(fn, **kwargs):
   """``jax.jit`` with backend-specific options that shorten compile time (chosen at first call).
 
-  Compiler options are only allowed on a top-level jit, so under a caller's transformation (its
-  arguments are tracers) the plain ``jax.jit`` is used.
+  Under a caller's transformation (the arguments are tracers) ``fn`` is called directly: the
+  caller compiles it, compiler options are refused on nested jits, and a nested jit would be
+  re-traced by batching after the float64 scope has closed (``vmap(jit(f))``).
   """
-  nested = jax.jit(fn, **kwargs)
   top = None
 
   @functools.wraps(fn)
   def call(*args, **kw):
     nonlocal top
     if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((args, kw))):
-      return nested(*args, **kw)
+      return fn(*args, **kw)
     if top is None:
       top = jax.jit(fn, compiler_options=_compiler_options(jax.default_backend()), **kwargs)
     return top(*args, **kw)
