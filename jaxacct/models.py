@@ -52,14 +52,16 @@ def _check_concrete(name, value, low, high, low_open=True, high_open=False):
 
 
 def _normal_cdf_sf(*zs):
-  """Phi(z) and Phi(-z) for each argument, from a single ``ndtr`` call (a smaller program).
+  """Phi(z) and Phi(-z) for each argument, from one ``ndtr`` call on the small tails only.
 
-  Returns [cdf_1, sf_1, cdf_2, sf_2, ...]; each value is accurate in its own tail.
+  Returns [cdf_1, sf_1, cdf_2, sf_2, ...]. The smaller of the two is ndtr(-|z|), accurate to its
+  last digits in the far tail; the larger is its complement (>= 1/2, so 1 - tail loses nothing).
   """
   z = jnp.stack(jnp.broadcast_arrays(*zs))
-  values = ndtr(jnp.concatenate([z, -z]))
-  k = len(zs)
-  return [v for i in range(k) for v in (values[i], values[k + i])]
+  tail = ndtr(jnp.where(z < 0.0, z, -z))  # -|z|, with the right derivative at z = 0
+  cdf = jnp.where(z < 0.0, tail, 1.0 - tail)
+  sf = jnp.where(z < 0.0, 1.0 - tail, tail)
+  return [v for i in range(len(zs)) for v in (cdf[i], sf[i])]
 
 
 def _clamp(loss):

@@ -39,7 +39,7 @@ from jaxacct.composition import Composition
 from jaxacct.results import Bounds
 
 # Chernoff tilts used to place the composed window and bound the mass outside it.
-_TILTS = np.geomspace(2e-2, 1e3, 18)
+_TILTS = np.geomspace(2e-2, 1e3, 14)
 # Assumed worst relative error of a computed CDF/SF value, in ulps (special functions + mixing).
 _CDF_ULPS = 64.0
 # Constant in the FFT round-off bound ||err||_2 <= c eps (ops) ||f||_2.
