@@ -93,11 +93,6 @@ def hockey_primitive(d):
   return jnp.where(d < 1e-3, series, d + jnp.expm1(-d))
 
 
-def log1mexp(x):
-  """log(1 - exp(x)) for x <= 0, accurate near 0 and for very negative x."""
-  return jnp.where(x > -0.6931471805599453, jnp.log(-jnp.expm1(x)), jnp.log1p(-jnp.exp(x)))
-
-
 def newton_in_bracket(value_and_slope, lo, hi, x0, iters=8):
   """Root of a decreasing scalar function on [lo, hi] (f(lo) >= 0 >= f(hi)), safeguarded Newton.
 

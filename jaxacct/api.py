@@ -16,7 +16,7 @@ from jaxacct import pld as _pld
 from jaxacct._numerics import fast_jit, float64, scoped_gradients
 from jaxacct.composition import Composition, as_composition
 from jaxacct.models import Gaussian, PoissonSampled, SampledGaussianReplaceOne
-from jaxacct.results import Bounds
+from jaxacct.results import WINDOW_TOO_SMALL, Bounds
 
 RELATIONS = ("add_remove", "replace_one")
 # Peak memory of one batch element is ~ 16 arrays of N float64 values; chunks stay under this.
@@ -94,6 +94,18 @@ def _run(one, many, composition, x, plan, batch_size):
   return jax.tree_util.tree_map(lambda a: a.reshape(shape), out)
 
 
+def _run_planned(one, many, composition, x, plan, planned_here, batch_size):
+  """``_run``; when jaxacct planned the grid itself and the composed loss outgrew its window
+  (status WINDOW_TOO_SMALL, bounds widened), it retries with a twice larger window (twice)."""
+  result = _run(one, many, composition, x, plan, batch_size)
+  for _ in range(2 if planned_here and not _traced(result) else 0):
+    if not np.any(np.asarray(result.status) & WINDOW_TOO_SMALL):
+      break
+    plan = _pld.widen(plan)
+    result = _run(one, many, composition, x, plan, batch_size)
+  return result
+
+
 def _plan_for(composition, delta, eps_error, delta_error, plan):
   if plan is not None:
     return plan
@@ -147,8 +159,10 @@ def epsilon(composition, delta, *, eps_error=0.01, delta_error=1e-3, plan=None,
   composition = as_composition(composition)
   composition.check()
   _check_range("delta", delta, 0.0, 1.0)
+  planned_here = plan is None
   plan = _plan_for(composition, delta, eps_error, delta_error, plan)
-  return _run(_epsilon_one, _epsilon_many, composition, delta, plan, batch_size)
+  return _run_planned(_epsilon_one, _epsilon_many, composition, delta, plan, planned_here,
+                      batch_size)
 
 
 @float64
@@ -163,8 +177,10 @@ def delta(composition, epsilon, *, smallest_delta=1e-10, eps_error=0.01, delta_e
   composition.check()
   _check_range("epsilon", epsilon, 0.0, np.inf, low_open=False)
   _check_range("smallest_delta", smallest_delta, 0.0, 1.0)
+  planned_here = plan is None
   plan = _plan_for(composition, smallest_delta, eps_error, delta_error, plan)
-  return _run(_delta_one, _delta_many, composition, epsilon, plan, batch_size)
+  return _run_planned(_delta_one, _delta_many, composition, epsilon, plan, planned_here,
+                      batch_size)
 
 
 def dpsgd_composition(noise_multiplier, sampling_rate, steps,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxacct.models import PrivacyLoss
@@ -65,7 +64,3 @@ def as_composition(entry) -> Composition:
   if isinstance(entry, PrivacyLoss):
     return Composition.of(entry)
   return Composition.of(*entry)
-
-
-def count_array(count):
-  return jnp.asarray(count, dtype=jnp.float64)

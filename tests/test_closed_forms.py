@@ -94,3 +94,22 @@ def test_approximate_dp_infinite_mass():
   assert float(jaxacct.delta(comp, 101.0).estimate) == pytest.approx(floor, rel=1e-9)  # > max finite loss
   r = jaxacct.epsilon(comp, 0.5 * floor)
   assert math.isinf(float(r.estimate)) and math.isinf(float(r.upper))
+
+
+def test_too_small_window_widens_honestly(monkeypatch):
+  # A window far too small for the composed loss: the bounds stay valid and the status says so.
+  import dataclasses
+  from jaxacct import pld, results
+  comp = jaxacct.Composition.of((jaxacct.Gaussian(10.0), 1000))
+  exact = gaussian_epsilon(1e-5, math.sqrt(1000) / 10.0)
+  plan = jaxacct.make_plan(comp, 1e-5)
+  small = dataclasses.replace(plan, fft_size=plan.fft_size // 4,
+                              low_frequencies=min(plan.low_frequencies, plan.fft_size // 8))
+  r = jaxacct.epsilon(comp, 1e-5, plan=small)
+  assert int(r.status) & results.WINDOW_TOO_SMALL
+  assert float(r.lower) <= exact <= float(r.upper)
+  # Planned by jaxacct itself, the same shortfall is retried with a larger window.
+  monkeypatch.setattr(pld, "make_plan", lambda *a, **k: small)
+  retried = jaxacct.epsilon(comp, 1e-5)
+  assert int(retried.status) == 0
+  assert float(retried.lower) <= exact <= float(retried.upper)
