@@ -124,37 +124,20 @@ def implicit_root(fn, solve, initial_guess):
   return jax.lax.custom_root(fn, initial_guess, solve, lambda g, y: y / g(1.0))
 
 
-_CPU_OPTIONS = {"xla_cpu_use_fusion_emitters": False}  # ~40% faster compiles, same speed
-
-
-@functools.lru_cache(maxsize=None)
-def _compiler_options(backend: str):
-  """XLA options for ``backend``: on CPU, faster compilation if this jaxlib knows the option."""
-  if backend != "cpu":
-    return None
-  try:
-    jax.jit(lambda x: x + 1).lower(np.zeros(2)).compile(compiler_options=_CPU_OPTIONS)
-  except Exception:  # noqa: BLE001 - an unknown option in another jaxlib: compile without it
-    return None
-  return _CPU_OPTIONS
-
-
 def fast_jit(fn, **kwargs):
-  """``jax.jit`` with backend-specific options that shorten compile time (chosen at first call).
+  """``jax.jit`` at the top level; under a caller's transformation, ``fn`` itself.
 
-  Under a caller's transformation (the arguments are tracers) ``fn`` is called directly: the
-  caller compiles it, compiler options are refused on nested jits, and a nested jit would be
-  re-traced by batching after the float64 scope has closed (``vmap(jit(f))``).
+  Under a caller's trace the caller compiles everything, and a nested jit would be re-traced by
+  batching after the float64 scope has closed (``vmap(jit(f))``). (XLA's CPU option
+  ``xla_cpu_use_fusion_emitters=False`` compiled ~40% faster but computed a different, wrong
+  epsilon on some programs, so no compiler options are set.)
   """
-  top = None
+  jitted = jax.jit(fn, **kwargs)
 
   @functools.wraps(fn)
   def call(*args, **kw):
-    nonlocal top
     if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((args, kw))):
       return fn(*args, **kw)
-    if top is None:
-      top = jax.jit(fn, compiler_options=_compiler_options(jax.default_backend()), **kwargs)
-    return top(*args, **kw)
+    return jitted(*args, **kw)
 
   return call
