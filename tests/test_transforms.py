@@ -39,8 +39,10 @@ def test_vmap_over_100_sigmas_equals_loop(plan):
   assert batched.estimate.shape == (100,)
   for i in range(0, 100, 9):
     one = jaxacct.dpsgd_epsilon(SIGMAS[i], 0.02, 300, 1e-6, plan=plan)
-    # Equal up to FFT round-off (~1e-20 per grid point, ~1e-9 relative in epsilon at this delta).
-    np.testing.assert_allclose(_fields(one), _fields(batched)[:, i], rtol=1e-8)
+    # Equal up to FFT round-off (~1e-20 per grid point, ~1e-9 relative in epsilon at this delta);
+    # the bounds' safe-side nudge is proportional to a round-off residual (1e-8 relative).
+    np.testing.assert_allclose(np.asarray(one.estimate), np.asarray(batched.estimate)[i], rtol=1e-8)
+    np.testing.assert_allclose(_fields(one), _fields(batched)[:, i], rtol=1e-7)
   # More noise, less epsilon: the batch is ordered.
   assert np.all(np.diff(np.asarray(batched.upper)) < 0)
 
@@ -60,12 +62,15 @@ def _estimate(plan, sigma, rate, steps=300, delta=1e-6):
 @pytest.mark.parametrize("sigma, rate", [(0.93, 0.0137), (1.3711, 0.02), (2.05, 0.00731),
                                          (1.1, 0.0191), (2.71, 0.0155), (1.618, 0.01)])
 def test_grad_matches_central_differences(plan, sigma, rate):
+  # Central differences with step 1e-5 relative. The estimate has a round-off noise floor of
+  # ~1e-9 that, at isolated points, moves one such difference by ~2e-4 relative; the median of the
+  # differences at steps 3e-6, 1e-5 and 3e-5 cannot be moved by one such point.
   d_sigma, d_rate = jax.grad(lambda s, q: _estimate(plan, s, q), argnums=(0, 1))(sigma, rate)
   for x, g, f in [(sigma, d_sigma, lambda s: _estimate(plan, s, rate)),
                   (rate, d_rate, lambda q: _estimate(plan, sigma, q))]:
-    step = 1e-5 * x
-    fd = (float(f(x + step)) - float(f(x - step))) / (2 * step)
-    assert abs(float(g) - fd) <= 1e-4 * abs(fd), (x, float(g), fd)
+    fds = [(float(f(x + r * x)) - float(f(x - r * x))) / (2 * r * x) for r in (3e-6, 1e-5, 3e-5)]
+    fd = float(np.median(fds))
+    assert abs(float(g) - fd) <= 1e-4 * abs(fd), (x, float(g), fds)
 
 
 def test_grad_of_gaussian_matches_closed_form():
