@@ -10,8 +10,10 @@ Method (a certified variant of the PRV accountant of Gopi, Lee and Wutschitz, se
 * **Lower bound.** The split is a coupling with D - L in an interval of length h and mean in
   [0, beta(h)], beta ~ h^2/8. Hoeffding gives sum L >= sum D - T beta - h sqrt(T log(1/eta)/2)
   except with probability eta; delta at the shifted epsilon minus eta is a lower bound.
-* **Composition.** Spectra (rfft) raised to integer counts by repeated squaring and multiplied;
-  the composed pmf is read from a window of the circular result placed by a Chernoff bound on the
+* **Composition.** Spectra (rfft) raised to the counts and multiplied. The low band, where
+  F ~ 1 and an FFT's round-off would be amplified count-fold by the power, is computed directly
+  (``_low_log_spectrum``); the other coefficients carry a per-coefficient round-off bound. The
+  composed pmf is read from a window of the circular result placed by a Chernoff bound on the
   discrete steps' exact moment generating functions. The mass that can leave the window, the
   per-step truncated tails, FFT round-off and the round-off of the split are all bounded and
   absorbed into ``lower``/``upper``.
