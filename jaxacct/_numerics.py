@@ -124,6 +124,11 @@ def implicit_root(fn, solve, initial_guess):
   return jax.lax.custom_root(fn, initial_guess, solve, lambda g, y: y / g(1.0))
 
 
+def is_traced(tree) -> bool:
+  """True when any leaf is a tracer (we are inside a caller's jit/vmap/grad)."""
+  return any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree))
+
+
 def fast_jit(fn, **kwargs):
   """``jax.jit`` at the top level; under a caller's transformation, ``fn`` itself.
 
@@ -136,7 +141,7 @@ def fast_jit(fn, **kwargs):
 
   @functools.wraps(fn)
   def call(*args, **kw):
-    if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((args, kw))):
+    if is_traced((args, kw)):
       return fn(*args, **kw)
     return jitted(*args, **kw)
 

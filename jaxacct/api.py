@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxacct import pld as _pld
-from jaxacct._numerics import fast_jit, float64, scoped_gradients
+from jaxacct._numerics import fast_jit, float64, is_traced, scoped_gradients
 from jaxacct.composition import Composition, as_composition
 from jaxacct.models import Gaussian, PoissonSampled, SampledGaussianReplaceOne
 from jaxacct.results import WINDOW_TOO_SMALL, Bounds
@@ -28,12 +28,8 @@ def _as_float64(tree):
   return jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float64), tree)
 
 
-def _traced(tree) -> bool:
-  return any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree))
-
-
 def _check_range(name, value, low, high, low_open=True, high_open=True):
-  if _traced(value):
+  if is_traced(value):
     return
   vals = np.asarray(value, dtype=np.float64)
   ok = np.isfinite(vals) & ((vals > low) if low_open else (vals >= low))
@@ -98,7 +94,7 @@ def _run_planned(one, many, composition, x, plan, planned_here, batch_size):
   """``_run``; when jaxacct planned the grid itself and the composed loss outgrew its window
   (status WINDOW_TOO_SMALL, bounds widened), it retries with a twice larger window (twice)."""
   result = _run(one, many, composition, x, plan, batch_size)
-  for _ in range(2 if planned_here and not _traced(result) else 0):
+  for _ in range(2 if planned_here and not is_traced(result) else 0):
     if not np.any(np.asarray(result.status) & WINDOW_TOO_SMALL):
       break
     plan = _pld.widen(plan)
@@ -109,7 +105,7 @@ def _run_planned(one, many, composition, x, plan, planned_here, batch_size):
 def _plan_for(composition, delta, eps_error, delta_error, plan):
   if plan is not None:
     return plan
-  if _traced((composition, delta)):
+  if is_traced((composition, delta)):
     raise ValueError("under jit/vmap/grad the inputs are traced and cannot be used to plan the "
                      "grid: pass plan=jaxacct.make_plan(...) (or dpsgd_plan) for the worst case")
   return _pld.make_plan(composition, delta, eps_error=eps_error, delta_error=delta_error)
@@ -195,7 +191,7 @@ def dpsgd_composition(noise_multiplier, sampling_rate, steps,
     raise ValueError(f"relation must be one of {RELATIONS}; got {relation!r}")
   _check_range("noise_multiplier", noise_multiplier, 0.0, np.inf)
   _check_range("sampling_rate", sampling_rate, 0.0, 1.0, high_open=False)
-  full_batch = (not _traced(sampling_rate)) and bool(np.all(np.asarray(sampling_rate) == 1.0))
+  full_batch = (not is_traced(sampling_rate)) and bool(np.all(np.asarray(sampling_rate) == 1.0))
   if relation == "replace_one":
     model = (Gaussian(noise_multiplier, 2.0) if full_batch
              else SampledGaussianReplaceOne(noise_multiplier, sampling_rate))

@@ -319,6 +319,13 @@ def _accumulate(composition: Composition, add, plan: Plan):
               total_count=total)
 
 
+def _window_edges(cgf, log_level):
+  """Chernoff: the composed sum lies in [bottom, top] but for exp(log_level) mass on each side,
+  from its log-MGF ``cgf`` at +-_TILTS."""
+  tilts = jnp.asarray(_TILTS)
+  return jnp.max(-(cgf[1] - log_level) / tilts), jnp.min((cgf[0] - log_level) / tilts)
+
+
 def _materialise(acc, plan: Plan):
   """Composed pmf on its window and the certificates for what the window leaves out."""
   n = plan.fft_size
@@ -326,8 +333,7 @@ def _materialise(acc, plan: Plan):
   tilts = jnp.asarray(_TILTS)
   cgf_pos, cgf_neg = acc["cgf"][0], acc["cgf"][1]
   level = plan.log_window_tail
-  top_needed = jnp.min((cgf_pos - level) / tilts)
-  bottom_needed = jnp.max(-(cgf_neg - level) / tilts)
+  bottom_needed, top_needed = _window_edges(acc["cgf"], level)
   needed = jnp.ceil((top_needed - bottom_needed) / h).astype(jnp.int64) + 1
   fits = needed <= n
   start = jnp.where(fits, jnp.floor(bottom_needed / h).astype(jnp.int64) - (n - needed) // 2,
@@ -600,8 +606,6 @@ def _plan_widths(composition: Composition, log_tail, log_window_tail):
   connect-the-dots pmf is pessimistic, so its upper tail is if anything heavier); the window comes
   from the same Chernoff rule as in ``_materialise``.
   """
-  tilts = jnp.asarray(_TILTS)
-
   def one(comp):
     def per_direction(add):
       cgf = jnp.zeros((2, len(_TILTS)))
@@ -621,8 +625,7 @@ def _plan_widths(composition: Composition, log_tail, log_window_tail):
         mean = jnp.sum(weights * t)
         variance = variance + count * jnp.sum(weights * (t - mean) ** 2)
         total = total + count
-      top = jnp.min((cgf[0] - log_window_tail) / tilts)
-      bottom = jnp.max(-(cgf[1] - log_window_tail) / tilts)
+      bottom, top = _window_edges(cgf, log_window_tail)
       return widest, top - bottom, variance / jnp.maximum(total, 1.0)
 
     widest, window, variance = jax.vmap(per_direction)(_directions(comp))
