@@ -107,9 +107,11 @@ def newton_in_bracket(value_and_slope, lo, hi, x0, iters=8):
     a = jnp.where(fx >= 0.0, x, a)
     b = jnp.where(fx <= 0.0, x, b)
     newton = x - fx / jnp.where(dfx < 0.0, dfx, -1.0)
-    # Inclusive: a converged step lands on the bracket end it just moved, and must stay there.
-    inside = (dfx < 0.0) & (newton >= a) & (newton <= b)
-    x = jnp.where(inside, newton, 0.5 * (a + b))
+    # A converged step lands on (or a rounding error beyond) the bracket end it just moved: it
+    # is kept, clamped, rather than replaced by a bisection that would undo the convergence.
+    slack = 1e-3 * (b - a) + 4.0 * jnp.finfo(x.dtype).eps * jnp.abs(x)
+    inside = (dfx < 0.0) & (newton >= a - slack) & (newton <= b + slack)
+    x = jnp.where(inside, jnp.clip(newton, a, b), 0.5 * (a + b))
     return x, a, b
 
   return jax.lax.fori_loop(0, iters, step, (x0, lo, hi))

@@ -41,7 +41,7 @@ from jaxacct.composition import Composition
 from jaxacct.results import Bounds
 
 # Chernoff tilts used to place the composed window and bound the mass outside it.
-_TILTS = np.geomspace(2e-2, 1e3, 14)
+_TILTS = np.geomspace(1e-2, 1e3, 48)
 # Assumed worst relative error of a computed CDF/SF value, in ulps (special functions + mixing).
 _CDF_ULPS = 64.0
 # Constant in the FFT round-off bound ||err||_2 <= c eps (ops) ||f||_2.
@@ -70,6 +70,12 @@ class Plan:
   # block moments over blocks of ``block`` grid points.
   low_frequencies: int = dataclasses.field(default=1, metadata=dict(static=True))
   block: int = dataclasses.field(default=1, metadata=dict(static=True))
+  # Spectrum coefficients k >= band are dropped when provably negligible (see _high_band).
+  band: int = dataclasses.field(default=0, metadata=dict(static=True))
+
+  def __post_init__(self):
+    if not self.low_frequencies <= self.band <= self.fft_size // 2 + 1:
+      object.__setattr__(self, "band", self.fft_size // 2 + 1)
 
 
 @jax.tree_util.register_dataclass
@@ -103,6 +109,7 @@ class PrivacyLossDistribution:
   low_log: jax.Array       # [D, K0] sum of count * log F'_k for k < K0 (accurate low band)
   phase: jax.Array         # [D] int64 sum of count * centre: F_k = w^(phase k) exp(low_log_k)
   spectrum_error: jax.Array  # [D, N//2+1] relative round-off bound of each composed coefficient
+  high_log: jax.Array      # [D] sum of count * log max_{k >= band} |F_k| (see _high_band)
   mass_error: jax.Array    # [D] relative round-off of the total mass (scales delta)
   base: jax.Array          # [D] int64 grid index of position 0 of the circular result
   cgf: jax.Array           # [D, 2, K] log-MGF of the discrete sum at +-tilts
@@ -163,7 +170,8 @@ def _discretise(model, add, plan: Plan) -> _Step:
   # The grid ends at the range's top (not wherever the static size reaches), so the planning
   # pass and this one agree on the support; the mass above goes to +inf like any truncated tail.
   top = jax.lax.stop_gradient(jnp.ceil(jnp.clip(hi, -LOSS_BIG / 2, LOSS_BIG / 2) / h) * h)
-  p_cdf, p_sf, q_cdf, q_sf = model.cdf_sf(jnp.minimum(t, top), add)
+  # (The barrier stops XLA from recomputing the costly CDFs inside every consumer's fusion.)
+  p_cdf, p_sf, q_cdf, q_sf = jax.lax.optimization_barrier(model.cdf_sf(jnp.minimum(t, top), add))
   p_cell, p_scale = _cell_masses(p_cdf, p_sf)
   q_cell, q_scale = _cell_masses(q_cdf, q_sf)
   exp_b = jnp.exp(jnp.minimum(t[1:], _MAX_SPAN))
@@ -190,14 +198,29 @@ def _discretise(model, add, plan: Plan) -> _Step:
                bias)
 
 
+_CGF_BLOCK = 32  # grid points per block in _step_cgf
+
+
 def _step_cgf(step: _Step, h):
-  """log E[e^{lambda D}; D finite] at +-_TILTS (exact, for the discrete step)."""
-  t = (step.start + jnp.arange(step.pmf.shape[0])).astype(jnp.float64) * h
-  log_pmf = jnp.log(jnp.maximum(step.pmf, 0.0))
-  tilts = jnp.asarray(_TILTS)
-  pos = jax.nn.logsumexp(tilts[:, None] * t[None, :] + log_pmf[None, :], axis=1)
-  neg = jax.nn.logsumexp(-tilts[:, None] * t[None, :] + log_pmf[None, :], axis=1)
-  return jax.lax.stop_gradient(jnp.stack([pos, neg]))
+  """log E[e^{lambda D}; D finite] at +-_TILTS (exact, for the discrete step).
+
+  Blocks of _CGF_BLOCK points: sum_r p_{J,r} e^{lambda h (r - c)} is a matrix product with a
+  small table (c the block centre), then a log-sum-exp over blocks. A tilt whose table would
+  leave float64 range is given cgf = +inf, which only makes its Chernoff bound vacuous.
+  """
+  size = step.pmf.shape[0]
+  blocks = -(-size // _CGF_BLOCK)
+  pmf = jnp.concatenate([jnp.maximum(step.pmf, 0.0), jnp.zeros(blocks * _CGF_BLOCK - size)])
+  centre = 0.5 * (_CGF_BLOCK - 1)
+  tilts = jnp.concatenate([jnp.asarray(_TILTS), -jnp.asarray(_TILTS)])
+  exponent = tilts[:, None] * h * (jnp.arange(_CGF_BLOCK) - centre)[None, :]
+  in_range = jnp.asarray(_TILTS) * h * centre <= 600.0
+  table = jnp.exp(jnp.clip(exponent, -700.0, 700.0))
+  sums = pmf.reshape(blocks, _CGF_BLOCK) @ table.T                        # [blocks, 2K]
+  block_centres = (step.start + jnp.arange(blocks) * _CGF_BLOCK + centre) * h
+  log_terms = jnp.log(sums) + tilts[None, :] * block_centres[:, None]
+  cgf = jax.nn.logsumexp(log_terms, axis=0).reshape(2, len(_TILTS))
+  return jax.lax.stop_gradient(jnp.where(in_range[None, :], cgf, jnp.inf))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -273,39 +296,51 @@ def _rotation(phase, k, n):
   return jnp.exp(-2j * math.pi * turns)
 
 
+def _coefficient_error(transform, count, fft_abs):
+  """Relative round-off bound of transform ** count: the FFT's absolute error (~eps log2(n)
+  ||pmf||_2 per coefficient) relative to |F_k|, times the count, plus the power's own rounding.
+  (The rounding of the total mass is a common factor, kept apart in ``mass_error``.)"""
+  magnitude = jnp.maximum(jnp.abs(transform), _TINY)
+  return count * (fft_abs / magnitude + F64_EPS * (1.0 + jnp.abs(jnp.log(magnitude))))
+
+
 def _accumulate(composition: Composition, add, plan: Plan):
-  """Spectrum product and bookkeeping for one direction of a composition."""
-  n, k0 = plan.fft_size, plan.low_frequencies
+  """Spectrum product on the band k < plan.band and bookkeeping for one direction.
+
+  Returns the running sums and, per step, (transform, count, fft_abs) for ``_high_band``.
+  """
+  n, k0, k1 = plan.fft_size, plan.low_frequencies, plan.band
   h = jax.lax.stop_gradient(plan.grid_step)
-  spectrum = jnp.ones(n // 2 + 1, dtype=jnp.complex128)
+  band = jnp.ones(k1, dtype=jnp.complex128)
+  band_error = jnp.zeros(k1)
+  high_log = jnp.zeros(())
   low_log = jnp.zeros(k0, dtype=jnp.complex128)
   phase = jnp.zeros((), jnp.int64)
-  spectrum_error = jnp.zeros(n // 2 + 1)
   mass_error = jnp.zeros(())
   log2n = math.log2(n)
   base = jnp.zeros((), jnp.int64)
   cgf = jnp.zeros((2, len(_TILTS)))
   log_finite = tail = moved = bias = total = jnp.zeros(())
+  steps = []
   for mech, count in zip(composition.mechanisms, composition.counts):
     count = jnp.round(jnp.asarray(count, dtype=jnp.float64))
     k = count.astype(jnp.int64)
     step = _discretise(mech, add, plan)
     transform = jnp.fft.rfft(step.pmf, n=n)
-    spectrum = spectrum * _power(transform, count)
+    fft_abs = _FFT_ULPS * F64_EPS * log2n * jnp.sqrt(jnp.sum(step.pmf ** 2))
+    steps.append((transform, count, jax.lax.stop_gradient(fft_abs)))
+    band = band * _power(transform[:k1], count)
+    if k1 < n // 2 + 1:  # log of the largest |F_k|^count above the band
+      largest = jnp.max(jnp.abs(jax.lax.stop_gradient(transform[k1:])))
+      high_log = high_log + count * jnp.log(jnp.maximum(largest, _TINY))
     step_log, centre, deviation = _low_log_spectrum(step.pmf, n, k0, plan.block)
     low_log = low_log + count * step_log
     phase = phase + k * centre
-    # Relative round-off of each composed coefficient: the FFT's absolute error (~eps log2(n)
-    # ||pmf||_2 per coefficient) relative to |F_k|, times the count, plus the squarings; in the
-    # low band, the direct sums' relative error times the count.
-    fft_abs = _FFT_ULPS * F64_EPS * log2n * jnp.sqrt(jnp.sum(step.pmf ** 2))
-    magnitude = jnp.abs(transform)
-    high = count * (fft_abs / jnp.maximum(magnitude, _TINY)
-                    + F64_EPS * (1.0 + jnp.abs(jnp.log(jnp.maximum(magnitude, _TINY)))))
-    # (The rounding of the total mass is a common factor, kept apart in mass_error.)
+    # In the low band, the direct sums' relative error times the count.
     theta_block = (2.0 * math.pi * (plan.block - 1) / n) * jnp.arange(k0)  # largest theta r
     low = count * (256.0 * F64_EPS * deviation + theta_block ** _TAYLOR_TERMS / 362880.0)
-    spectrum_error = spectrum_error + jax.lax.stop_gradient(high.at[:k0].set(low))
+    high = _coefficient_error(transform[:k1], count, fft_abs)
+    band_error = band_error + jax.lax.stop_gradient(high.at[:k0].set(low))
     mass_error = mass_error + count * _FFT_ULPS * F64_EPS
     base = base + k * step.start
     cgf = cgf + count * _step_cgf(step, h)
@@ -314,9 +349,55 @@ def _accumulate(composition: Composition, add, plan: Plan):
     moved = moved + count * step.moved
     bias = bias + count * step.bias
     total = total + count
-  return dict(spectrum=spectrum, low_log=low_log, phase=phase, spectrum_error=spectrum_error,
-              mass_error=mass_error, base=base, cgf=cgf, log_finite=log_finite, tail=tail, moved=moved, bias=bias,
-              total_count=total)
+  acc = dict(spectrum=band, low_log=low_log, phase=phase, spectrum_error=band_error,
+             high_log=high_log, mass_error=mass_error, base=base, cgf=cgf,
+             log_finite=log_finite, tail=tail, moved=moved, bias=bias, total_count=total)
+  return acc, steps
+
+
+def _high_band_negligible(high_log, plan: Plan):
+  """Whether the composed spectrum above the band may be dropped: its contribution to the summed
+  pmf error, sqrt(2 (n/2 + 1 - band)) max|F_k|, is below the window's tail level."""
+  n_high = plan.fft_size // 2 + 1 - plan.band
+  return high_log + 0.5 * math.log(2.0 * max(n_high, 1)) <= plan.log_window_tail
+
+
+def _high_band(acc, steps, plan: Plan, previous=None):
+  """Completes ``acc`` (leading direction axis) with the spectrum above the band.
+
+  At large counts the composed spectrum above a small band is below any float64 concern: then
+  the band's powers are all that is computed (the dropped part is bounded in ``_materialise``);
+  otherwise every coefficient is powered. One branch runs (a select under an outer ``vmap``).
+  ``previous`` holds the running sums of a PLD being appended to.
+  """
+  n, k1 = plan.fft_size, plan.band
+  if previous is not None:
+    acc["high_log"] = acc["high_log"] + previous["high_log"]
+  if k1 == n // 2 + 1:
+    return acc
+
+  def dropped():
+    shape = acc["spectrum"].shape[:-1] + (n // 2 + 1 - k1,)
+    return jnp.zeros(shape, jnp.complex128), jnp.zeros(shape)
+
+  def computed():
+    spectrum = jnp.ones_like(steps[0][0][..., k1:])
+    error = jnp.zeros(spectrum.shape)
+    for transform, count, fft_abs in steps:
+      count_ = count[..., None]
+      spectrum = spectrum * _power(transform[..., k1:], count_)
+      error = error + jax.lax.stop_gradient(
+          _coefficient_error(transform[..., k1:], count_, fft_abs[..., None]))
+    if previous is not None:
+      spectrum = spectrum * previous["spectrum"][..., k1:]
+      error = error + previous["spectrum_error"][..., k1:]
+    return spectrum, error
+
+  negligible = jnp.all(_high_band_negligible(acc["high_log"], plan))
+  spectrum, error = jax.lax.cond(negligible, dropped, computed)
+  acc["spectrum"] = jnp.concatenate([acc["spectrum"], spectrum], axis=-1)
+  acc["spectrum_error"] = jnp.concatenate([acc["spectrum_error"], error], axis=-1)
+  return acc
 
 
 def _window_edges(cgf, log_level):
@@ -350,7 +431,11 @@ def _materialise(acc, plan: Plan):
   # Round-off: sum_j |err_j| <= sqrt(n) ||err||_2 = ||spectrum error||_2 (Parseval, both halves),
   # plus the inverse transform's own error c eps log2(n) sqrt(n) ||f||_2.
   coefficient_error = jnp.abs(spectrum) * acc["spectrum_error"]
-  fft_error = (math.sqrt(2.0) * jnp.sqrt(jnp.sum(coefficient_error ** 2))
+  # A spectrum dropped above the band (see _high_band) adds at most its own L2 bound.
+  n_high = max(n // 2 + 1 - plan.band, 1)
+  dropped = jnp.where(_high_band_negligible(acc["high_log"], plan),
+                      jnp.exp(acc["high_log"] + 0.5 * math.log(2.0 * n_high)), 0.0)
+  fft_error = (math.sqrt(2.0) * jnp.sqrt(jnp.sum(coefficient_error ** 2)) + dropped
                + _FFT_ULPS * F64_EPS * (math.log2(n) + 8.0) * math.sqrt(n)
                * jnp.sqrt(jnp.sum(pmf * pmf)))
   status = jnp.where(fits, results.OK, results.WINDOW_TOO_SMALL).astype(jnp.int32)
@@ -363,20 +448,16 @@ def _directions(composition: Composition):
   return jnp.array([0.0] if composition.symmetric else [0.0, 1.0])
 
 
-def _compose_direction(composition, plan, add):
-  acc = _accumulate(composition, add, plan)
-  return {**acc, **_materialise(acc, plan)}
-
-
 def compose(composition: Composition, plan: Plan) -> PrivacyLossDistribution:
   """Composed PLD of ``composition`` for each adjacency direction (pure; jit/vmap-able)."""
-  per_direction = jax.vmap(_compose_direction, in_axes=(None, None, 0))(
-      composition, plan, _directions(composition))
-  return PrivacyLossDistribution(plan=plan, **per_direction)
+  acc, steps = jax.vmap(_accumulate, in_axes=(None, 0, None))(
+      composition, _directions(composition), plan)
+  acc = _high_band(acc, steps, plan)
+  return PrivacyLossDistribution(plan=plan, **acc, **jax.vmap(_materialise, (0, None))(acc, plan))
 
 
-_RUNNING_SUMS = ("low_log", "phase", "spectrum_error", "mass_error", "base", "cgf", "log_finite", "tail",
-                 "moved", "bias", "total_count")
+_RUNNING_SUMS = ("low_log", "phase", "spectrum_error", "high_log", "mass_error", "base", "cgf",
+                 "log_finite", "tail", "moved", "bias", "total_count")
 
 
 def append(pld: PrivacyLossDistribution, composition: Composition) -> PrivacyLossDistribution:
@@ -385,17 +466,18 @@ def append(pld: PrivacyLossDistribution, composition: Composition) -> PrivacyLos
   if _directions(composition).shape[0] > n_dir:
     raise ValueError("cannot append an asymmetric mechanism to a PLD composed in one direction; "
                      "compose the whole list instead")
-
-  def one(previous, add):
-    acc = _accumulate(composition, add, pld.plan)
-    acc["spectrum"] = acc["spectrum"] * previous["spectrum"]
-    for key in _RUNNING_SUMS:
-      acc[key] = acc[key] + previous[key]
-    return {**acc, **_materialise(acc, pld.plan)}
-
+  k1 = pld.plan.band
+  acc, steps = jax.vmap(_accumulate, in_axes=(None, 0, None))(
+      composition, jnp.array([0.0, 1.0][:n_dir]), pld.plan)
   previous = {key: getattr(pld, key) for key in ("spectrum",) + _RUNNING_SUMS}
-  flags = jnp.array([0.0, 1.0][:n_dir])
-  return PrivacyLossDistribution(plan=pld.plan, **jax.vmap(one)(previous, flags))
+  for key in _RUNNING_SUMS:
+    if key not in ("spectrum_error", "high_log"):
+      acc[key] = acc[key] + previous[key]
+  acc["spectrum"] = acc["spectrum"] * previous["spectrum"][:, :k1]
+  acc["spectrum_error"] = acc["spectrum_error"] + previous["spectrum_error"][:, :k1]
+  acc = _high_band(acc, steps, pld.plan, previous)
+  return PrivacyLossDistribution(plan=pld.plan, **acc,
+                                 **jax.vmap(_materialise, (0, None))(acc, pld.plan))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -433,51 +515,99 @@ def _delta_on_grid(pmf, first_centre, h, eps):
   return jnp.sum(pmf * (upper - lower)) / h
 
 
-def _boundary_sums(pmf, h):
-  """delta at every cell boundary, in O(N) by reverse cumulative sums.
+_TAIL_BLOCK = 512  # grid points per block of the two-level tail sums
 
-  Returns d (length N+1, d[0] at the left edge of cell 0 and d[i+1] at the right edge of cell i;
-  non-increasing up to round-off), the mass strictly right of each cell, the e^{-y}-weighted sums
-  E_i and the total.
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class _TailSums:
+  """Tail sums of a pmf, two-level: delta at any cell boundary in O(block + N / block).
+
+  With rel_b = (b - N/2) h and scaled_j = pmf_j e^{-rel_j}, the delta of the grid pmf (masses
+  spread over their cells) at the boundary b (left edge of cell b) is
+  d(b) = sum_{j >= b} pmf_j - c e^{rel_b} sum_{j >= b} scaled_j,  c = (1 - e^{-h}) / h.
   """
-  n = pmf.shape[0]
-  rel = (jnp.arange(n) - n // 2).astype(jnp.float64) * h
-  scaled = pmf * jnp.exp(-rel)
 
-  def right_of(x):  # sum_{j > i} x_j
-    return jnp.concatenate([jnp.cumsum(x[::-1])[::-1][1:], jnp.zeros(1)])
+  pmf: jax.Array          # [blocks, B] (zero padded)
+  scaled: jax.Array       # [blocks, B]
+  mass_after: jax.Array   # [blocks + 1] sum of pmf over blocks >= J
+  scaled_after: jax.Array  # [blocks + 1]
+  h: jax.Array
+  n: int = dataclasses.field(metadata=dict(static=True))  # N, the unpadded length
 
-  mass_right = right_of(pmf)
-  weighted_right = right_of(scaled) * jnp.exp(rel + h)   # sum_{j>i} pmf_j e^{-(j-i-1)h}
-  c = -jnp.expm1(-h) / h
-  total = jnp.sum(pmf)
-  d_left = total - c * jnp.sum(scaled) * jnp.exp(rel[0])
-  d = jnp.concatenate([d_left[None], mass_right - c * weighted_right])
-  return d, mass_right, weighted_right, total
+  @staticmethod
+  def of(pmf, h):
+    n = pmf.shape[0]
+    block = min(_TAIL_BLOCK, n)
+    blocks = -(-n // block)
+    pad = jnp.zeros(blocks * block - n)
+    rel = (jnp.arange(n) - n // 2).astype(jnp.float64) * h
+    shape = (blocks, block)
+    pmf2 = jnp.concatenate([pmf, pad]).reshape(shape)
+    scaled2 = jnp.concatenate([pmf * jnp.exp(-rel), pad]).reshape(shape)
+    after = lambda x: jnp.concatenate([jnp.cumsum(jnp.sum(x, 1)[::-1])[::-1], jnp.zeros(1)])
+    return _TailSums(pmf2, scaled2, after(pmf2), after(scaled2), h, n)
+
+  def _row(self, j):
+    return self.pmf[j], self.scaled[j]
+
+  def at(self, b):
+    """(sum_{j >= b} pmf_j, e^{rel_b} sum_{j >= b} scaled_j) at boundary b in [0, N]."""
+    blocks, block = self.pmf.shape
+    j = jnp.minimum(b // block, blocks - 1)
+    r = b - j * block
+    pmf_row, scaled_row = self._row(j)
+    keep = jnp.arange(block) >= r
+    mass = jnp.sum(jnp.where(keep, pmf_row, 0.0)) + self.mass_after[j + 1]
+    scaled = jnp.sum(jnp.where(keep, scaled_row, 0.0)) + self.scaled_after[j + 1]
+    return mass, scaled * jnp.exp(jnp.asarray(b - self.n // 2, jnp.float64) * self.h)
+
+  def delta_at(self, b):
+    mass, weighted = self.at(b)
+    return mass - (-jnp.expm1(-self.h) / self.h) * weighted
+
+  def count_above(self, target):
+    """Number of boundaries b in [0, N] with d(b) > target (d is non-increasing up to
+    round-off): a count over block starts, then over the boundaries of one block."""
+    blocks, block = self.pmf.shape
+    c = -jnp.expm1(-self.h) / self.h
+    starts = jnp.arange(blocks) * block
+    rel = (starts - self.n // 2).astype(jnp.float64) * self.h
+    d_starts = self.mass_after[:-1] - c * jnp.exp(rel) * self.scaled_after[:-1]
+    j = jnp.clip(jnp.sum(d_starts > target) - 1, 0, blocks - 1)
+    pmf_row, scaled_row = self._row(j)
+    reverse = lambda x: jnp.cumsum(x[::-1])[::-1]
+    rel_row = (j * block + jnp.arange(block) - self.n // 2).astype(jnp.float64) * self.h
+    d_row = (reverse(pmf_row) + self.mass_after[j + 1]
+             - c * jnp.exp(rel_row) * (reverse(scaled_row) + self.scaled_after[j + 1]))
+    in_range = j * block + jnp.arange(block) <= self.n
+    return j * block + jnp.sum((d_row > target) & in_range)
 
 
-def _epsilon_on_grid(pmf, sums, first_centre, h, target, side):
+def _epsilon_on_grid(pmf, sums: _TailSums, first_centre, h, target, side):
   """Root of delta_grid(eps) = target; ``side`` +1 (-1) returns a point where delta <= target
   (>= target), the safe end for an upper (lower) bound. Implicit gradients via ``implicit_root``."""
-  d, mass_right, weighted_right, total = sums
   n = pmf.shape[0]
-  c = -jnp.expm1(-h) / h
   left0 = first_centre - 0.5 * h
+  d0 = sums.delta_at(0)
   valid = target > 0.0
-  tgt = jnp.where(valid, target, 0.5 * d[-2] + 1e-300)
+  tgt = jnp.where(valid, target, 0.5 * sums.delta_at(n - 1) + 1e-300)
 
   def solve(_, __):
-    k = jnp.sum(d > tgt)  # d is non-increasing: the first boundary with d <= target
+    k = sums.count_above(tgt)  # the first boundary with d <= target
     i = jnp.clip(k - 1, 0, n - 1)
     a = left0 + i * h
     b = a + h
+    mass_right, weighted_right = sums.at(i + 1)
+    d_i, d_next = sums.delta_at(i), sums.delta_at(i + 1)
+    p_i = pmf[i]
 
     def local(x):  # delta_grid(x) - target and its slope, for x in cell i
-      tilt = jnp.exp(x - b) * c * weighted_right[i]
-      value = mass_right[i] - tilt + pmf[i] * hockey_primitive(b - x) / h - tgt
-      return value, -tilt + pmf[i] * jnp.expm1(x - b) / h
+      tilt = jnp.exp(x - b) * (-jnp.expm1(-h) / h) * weighted_right
+      value = mass_right - tilt + p_i * hockey_primitive(b - x) / h - tgt
+      return value, -tilt + p_i * jnp.expm1(x - b) / h
 
-    frac = jnp.clip((d[i] - tgt) / jnp.maximum(d[i] - d[i + 1], 1e-300), 0.0, 1.0)
+    frac = jnp.clip((d_i - tgt) / jnp.maximum(d_i - d_next, 1e-300), 0.0, 1.0)
     x, _, _ = newton_in_bracket(local, a, b, a + frac * h, iters=6)
     fx, dfx = local(x)
     slack = 4.0 * F64_EPS * (1.0 + jnp.abs(x))
@@ -486,7 +616,8 @@ def _epsilon_on_grid(pmf, sums, first_centre, h, target, side):
     safe_down = jnp.maximum(jnp.where(fx < 0.0, x - 2.0 * step, x) - slack, a)
     x = jnp.where(side > 0, safe_up, jnp.where(side < 0, safe_down, x))
     # Below the window every cell lies to the right: delta = total - e^{eps - left0} (total - d0).
-    below = left0 + jnp.log(jnp.maximum(total - tgt, 0.0)) - jnp.log(total - d[0])
+    total = sums.mass_after[0]
+    below = left0 + jnp.log(jnp.maximum(total - tgt, 0.0)) - jnp.log(total - d0)
     return jnp.where(k == 0, below, x)
 
   def residual(x):
@@ -519,7 +650,7 @@ def _epsilon_direction(view, plan, delta):
                   + view["tail"]) / (1.0 - scale)
   targets = jnp.stack([lower_target, delta - p_inf, upper_target])
   centres = view["start"].astype(jnp.float64) * h + _SHIFTS * h - _ESTIMATE * view["bias"]
-  sums = _boundary_sums(pmf, h)
+  sums = _TailSums.of(pmf, h)
   solve = lambda centre, target, side: _epsilon_on_grid(pmf, sums, centre, h, target, side)
   lower, estimate, upper = jax.vmap(solve)(centres, targets, jnp.sign(_SHIFTS))
   lower = lower - _lower_shift(view, plan, eta, h)
@@ -658,7 +789,7 @@ def make_plan(composition: Composition, delta, eps_error=0.01, delta_error=1e-3)
   """Accuracy plan for ``composition`` (concrete; batched leaves = a sweep to serve).
 
   The grid step makes the certified bracket upper - lower about 2 * ``eps_error`` at the smallest
-  ``delta``; the window holds all but a 1e-3 * delta_error * delta fraction of the composed mass.
+  ``delta``; the window holds all but a 1e-2 * delta_error * delta fraction of the composed mass.
   """
   with jax.enable_x64(True):
     delta = float(np.min(np.asarray(delta, dtype=np.float64)))
@@ -672,7 +803,7 @@ def make_plan(composition: Composition, delta, eps_error=0.01, delta_error=1e-3)
     total = float(sum(np.max(np.asarray(c, dtype=np.float64)) for c in composition.counts))
     eta = delta_error * delta
     log_tail = math.log(1e-3 * eta / max(total, 1.0))
-    log_window_tail = math.log(1e-3 * eta)
+    log_window_tail = math.log(1e-2 * eta)
     # Bracket ~ T beta(h) + h (sqrt(T log(1/eta)/2) + 1 + a few guard moves), beta(h) ~ h^2/8.
     target = 1.8 * eps_error  # the rest of 2 eps_error: the delta slack of the lower bound
     slope = math.sqrt(0.5 * total * math.log(1.0 / eta)) + 5.0
@@ -692,9 +823,11 @@ def make_plan(composition: Composition, delta, eps_error=0.01, delta_error=1e-3)
     if fft > 2**26:
       raise ValueError(f"the plan needs an FFT of {fft} points; raise eps_error (now {eps_error})")
     per_step, fft = _reuse_sizes(per_step, fft)
-    low, block = _low_band(fft, math.sqrt(float(jnp.min(variances))) / h)
+    variance = float(jnp.min(variances))
+    low, block = _low_band(fft, math.sqrt(variance) / h)
+    band = _band(fft, math.sqrt(total * variance) / h, log_window_tail, low)
     return Plan(jnp.asarray(h), jnp.asarray(log_tail), jnp.asarray(log_window_tail),
-                jnp.asarray(delta_error), per_step, fft, low, block)
+                jnp.asarray(delta_error), per_step, fft, low, block, band)
 
 
 def _low_band(fft: int, sd_bins: float):
@@ -708,10 +841,21 @@ def _low_band(fft: int, sd_bins: float):
   return low, block
 
 
+def _band(fft: int, sd_bins: float, log_window_tail: float, low: int) -> int:
+  """Spectrum coefficients kept when the rest is negligible: for a composed loss of ``sd_bins``
+  grid points' spread, a Gaussian's |F_k| = exp(-2 pi^2 k^2 sd^2 / n^2) falls below the window
+  level near k = n sqrt(level / 2) / (pi sd); four times that (a composition that is not yet
+  Gaussian-like only takes the slower full-spectrum branch, see _high_band)."""
+  level = -log_window_tail + 0.5 * math.log(fft) + 5.0
+  k = 4.0 * fft * math.sqrt(0.5 * level) / (math.pi * max(sd_bins, 1e-9)) + 16
+  return max(low, min(fft // 2 + 1, _ladder(k, minimum=16)))
+
+
 def widen(plan: Plan) -> Plan:
   """The same plan with a twice larger FFT window (after a WINDOW_TOO_SMALL status)."""
   fft = _ladder(2 * plan.fft_size)
   _USED_SIZES.add((plan.per_step_size, fft))
   low = min(2 * plan.low_frequencies, fft // 2 + 1)
   return dataclasses.replace(plan, fft_size=fft, low_frequencies=low,
-                             block=max(1, int(0.05 * fft / (2.0 * math.pi * low))))
+                             block=max(1, int(0.05 * fft / (2.0 * math.pi * low))),
+                             band=min(2 * plan.band, fft // 2 + 1))
