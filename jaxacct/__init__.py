@@ -8,8 +8,9 @@ Quick start::
     eps.lower, eps.estimate, eps.upper   # certified: lower <= true epsilon <= upper
 """
 
-from jaxacct.api import (RELATIONS, compose, delta, dpsgd_composition, dpsgd_delta, dpsgd_epsilon,
-                         dpsgd_plan, epsilon, make_plan)
+from jaxacct import cgf, gdp, rdp, spa
+from jaxacct.api import (ACCOUNTANTS, RELATIONS, compose, delta, dpsgd_composition, dpsgd_delta,
+                         dpsgd_epsilon, dpsgd_plan, epsilon, make_plan)
 from jaxacct.composition import Composition
 from jaxacct.models import (EpsilonDelta, Gaussian, Laplace, PoissonSampled, PrivacyLoss, PureDP,
                             SampledGaussianReplaceOne)
@@ -19,8 +20,8 @@ from jaxacct.results import Bounds
 __version__ = "0.1.0"
 
 __all__ = [
-    "Bounds", "Composition", "EpsilonDelta", "Gaussian", "Laplace", "Plan", "PoissonSampled",
-    "PrivacyLoss", "PrivacyLossDistribution", "PureDP", "RELATIONS", "SampledGaussianReplaceOne",
+    "ACCOUNTANTS", "Bounds", "Composition", "EpsilonDelta", "Gaussian", "Laplace", "Plan",
+    "PoissonSampled", "PrivacyLoss", "PrivacyLossDistribution", "PureDP", "RELATIONS", "SampledGaussianReplaceOne",
     "compose", "delta", "dpsgd_composition", "dpsgd_delta", "dpsgd_epsilon", "dpsgd_plan",
-    "epsilon", "make_plan",
+    "epsilon", "make_plan", "cgf", "gdp", "rdp", "spa",
 ]

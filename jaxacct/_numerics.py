@@ -71,6 +71,28 @@ def scoped_gradients(fn, nondiff_argnums=()):
   return functools.wraps(fn)(wrapped)
 
 
+# Composite Gauss-Legendre rule (fixed node count, so shapes are static): _GL_PANELS panels of
+# _GL_ORDER nodes over the interval.
+_GL_ORDER = 16
+_GL_PANELS = 128
+_GL_X, _GL_W = np.polynomial.legendre.leggauss(_GL_ORDER)
+
+
+def composite_nodes(lo, hi):
+  """Nodes and weights of the composite Gauss-Legendre rule on [lo, hi] (arrays, traceable)."""
+  width = (hi - lo) / _GL_PANELS
+  left = lo + width * jnp.arange(_GL_PANELS)
+  x = left[:, None] + 0.5 * width * (1.0 + jnp.asarray(_GL_X))[None, :]
+  w = 0.5 * width * jnp.broadcast_to(jnp.asarray(_GL_W), (_GL_PANELS, _GL_ORDER))
+  return x.reshape(-1), w.reshape(-1)
+
+
+def standard_normal_nodes(lo, hi):
+  """(log weight, u): a quadrature of N(0, 1) restricted to [lo, hi]."""
+  u, w = composite_nodes(lo, hi)
+  return jnp.log(w) - 0.5 * u * u - 0.5 * np.log(2.0 * np.pi), u
+
+
 def safe_where(cond, fn_true, fn_false, x):
   """``where(cond, fn_true(x), fn_false(x))`` whose unused branch never sees invalid inputs.
 
@@ -97,12 +119,14 @@ def newton_in_bracket(value_and_slope, lo, hi, x0, iters=8):
   """Root of a decreasing scalar function on [lo, hi] (f(lo) >= 0 >= f(hi)), safeguarded Newton.
 
   ``value_and_slope(x)`` returns (f(x), f'(x)). Each step takes the Newton step when it stays
-  inside the current bracket and bisects otherwise; the bracket follows the sign of f. A fixed
-  number of steps keeps shapes static. Returns (x, lo, hi).
+  inside the current bracket and is at most half the step before last (as in rtsafe, so the
+  bracket at least halves every two steps even where Newton crawls), and bisects otherwise; the bracket follows the sign
+  of f. Without a sign change the iterates collapse onto the nearer end. A fixed number of steps
+  keeps shapes static. Returns (x, lo, hi).
   """
 
   def step(_, carry):
-    x, a, b = carry
+    x, a, b, last, before_last = carry
     fx, dfx = value_and_slope(x)
     a = jnp.where(fx >= 0.0, x, a)
     b = jnp.where(fx <= 0.0, x, b)
@@ -110,11 +134,16 @@ def newton_in_bracket(value_and_slope, lo, hi, x0, iters=8):
     # A converged step lands on (or a rounding error beyond) the bracket end it just moved: it
     # is kept, clamped, rather than replaced by a bisection that would undo the convergence.
     slack = 1e-3 * (b - a) + 4.0 * jnp.finfo(x.dtype).eps * jnp.abs(x)
-    inside = (dfx < 0.0) & (newton >= a - slack) & (newton <= b + slack)
-    x = jnp.where(inside, jnp.clip(newton, a, b), 0.5 * (a + b))
-    return x, a, b
+    inside = ((dfx < 0.0) & (newton >= a - slack) & (newton <= b + slack)
+              & (jnp.abs(newton - x) <= 0.5 * before_last))
+    x_next = jnp.where(inside, jnp.clip(newton, a, b), 0.5 * (a + b))
+    taken = jnp.where(inside, jnp.abs(newton - x), 0.5 * (b - a))
+    return x_next, a, b, taken, last
 
-  return jax.lax.fori_loop(0, iters, step, (x0, lo, hi))
+  lo, hi = jnp.asarray(lo), jnp.asarray(hi)
+  width = hi - lo
+  x, a, b, _, _ = jax.lax.fori_loop(0, iters, step, (jnp.asarray(x0), lo, hi, width, width))
+  return x, a, b
 
 
 def implicit_root(fn, solve, initial_guess):
@@ -124,6 +153,19 @@ def implicit_root(fn, solve, initial_guess):
   d x / d theta = -(d fn / d theta) / (d fn / d x), never the solver's iterations.
   """
   return jax.lax.custom_root(fn, initial_guess, solve, lambda g, y: y / g(1.0))
+
+
+def check_range(name, value, low, high, low_open=True, high_open=True):
+  """Raises ValueError naming ``name`` unless every concrete entry lies in the interval (no-op
+  under tracing, where values are unknown)."""
+  if is_traced(value):
+    return
+  vals = np.asarray(value, dtype=np.float64)
+  ok = np.isfinite(vals) & ((vals > low) if low_open else (vals >= low))
+  ok &= (vals < high) if high_open else (vals <= high)
+  if not np.all(ok):
+    left, right = "(" if low_open else "[", ")" if high_open else "]"
+    raise ValueError(f"{name} must be finite and in {left}{low}, {high}{right}; got {value!r}")
 
 
 def is_traced(tree) -> bool:

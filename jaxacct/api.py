@@ -12,13 +12,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxacct import cgf as _cgf
+from jaxacct import gdp as _gdp
 from jaxacct import pld as _pld
+from jaxacct import rdp as _rdp
+from jaxacct import spa as _spa
+from jaxacct._numerics import check_range as _check_range
 from jaxacct._numerics import fast_jit, float64, is_traced, scoped_gradients
 from jaxacct.composition import Composition, as_composition
 from jaxacct.models import Gaussian, PoissonSampled, SampledGaussianReplaceOne
 from jaxacct.results import WINDOW_TOO_SMALL, Bounds
 
 RELATIONS = ("add_remove", "replace_one")
+# accountant -> (module with epsilon/delta functions, its methods; the first is the default).
+# "pld" is the certified FFT accountant (pld.py); "spa" reads the cumulant generating function
+# (run here); "rdp" and "gdp" are their modules' own checked, batched functions.
+ACCOUNTANTS = {"pld": (None, ("pld",)), "spa": (_spa, _spa.METHODS),
+               "rdp": (_rdp, ("optimal_order",)), "gdp": (_gdp, ("mu",))}
 # Peak memory of one batch element is ~ 16 arrays of N float64 values; chunks stay under this.
 _CHUNK_BYTES = 1 << 28
 
@@ -26,17 +36,6 @@ _CHUNK_BYTES = 1 << 28
 def _as_float64(tree):
   """Every leaf as a float64 array (inputs may come from a float32 program)."""
   return jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float64), tree)
-
-
-def _check_range(name, value, low, high, low_open=True, high_open=True):
-  if is_traced(value):
-    return
-  vals = np.asarray(value, dtype=np.float64)
-  ok = np.isfinite(vals) & ((vals > low) if low_open else (vals >= low))
-  ok &= (vals < high) if high_open else (vals <= high)
-  if not np.all(ok):
-    left, right = "(" if low_open else "[", ")" if high_open else "]"
-    raise ValueError(f"{name} must be finite and in {left}{low}, {high}{right}; got {value!r}")
 
 
 def _batch_shape(tree):
@@ -102,6 +101,48 @@ def _run_planned(one, many, composition, x, plan, planned_here, batch_size):
   return result
 
 
+def _cgf_runner(fn):
+  """(single, batched) compiled callers of ``fn(composition, x, method)``; the batch runs in
+  vmapped chunks of 64 settings (bounded memory)."""
+  single = fast_jit(scoped_gradients(fn, nondiff_argnums=(2,)), static_argnums=(2,))
+
+  def run(composition, x, method):
+    return jax.lax.map(lambda args: fn(*args, method), (composition, x), batch_size=64)
+
+  return single, fast_jit(scoped_gradients(run, nondiff_argnums=(2,)), static_argnums=(2,))
+
+
+_CGF_RUNNERS = {}
+
+
+def _run_cgf(accountant, quantity, composition, x, method):
+  """epsilon or delta by a CGF-based accountant, batched over the broadcast input shape."""
+  module, methods = ACCOUNTANTS[accountant]
+  method = methods[0] if method is None else method
+  if method not in methods:
+    raise ValueError(f"method for accountant {accountant!r} must be one of {methods}; "
+                     f"got {method!r}")
+  if accountant != "spa":
+    return getattr(module, quantity)(composition, x)
+  _cgf.check_cgf(composition)
+  key = (accountant, quantity)
+  if key not in _CGF_RUNNERS:
+    _CGF_RUNNERS[key] = _cgf_runner(getattr(module, quantity))
+  single, batched = _CGF_RUNNERS[key]
+  composition, x = _as_float64((composition, x))
+  shape = _batch_shape((composition, x))
+  if shape == ():
+    return single(composition, x, method)
+  flat_comp, flat_x = _flatten_batch((composition, x), shape)
+  out = batched(flat_comp, flat_x, method)
+  return jax.tree_util.tree_map(lambda a: a.reshape(shape), out)
+
+
+def _check_accountant(accountant):
+  if accountant not in ACCOUNTANTS:
+    raise ValueError(f"accountant must be one of {tuple(ACCOUNTANTS)}; got {accountant!r}")
+
+
 def _plan_for(composition, delta, eps_error, delta_error, plan):
   if plan is not None:
     return plan
@@ -137,14 +178,19 @@ def compose(composition, *, delta=1e-10, eps_error=0.01, delta_error=1e-3,
 
 
 @float64
-def epsilon(composition, delta, *, eps_error=0.01, delta_error=1e-3, plan=None,
-            batch_size=None) -> Bounds:
-  """Certified epsilon(delta) of a composition (worst adjacency direction).
+def epsilon(composition, delta, *, accountant="pld", method=None, eps_error=0.01,
+            delta_error=1e-3, plan=None, batch_size=None) -> Bounds:
+  """epsilon(delta) of a composition (worst adjacency direction), certified by default.
 
   Args:
     composition: a ``Composition``, a model, or a list of (model, count) entries. Leaves may be
       arrays: the result is then batched over their broadcast shape.
     delta: target delta in (0, 1) (scalar or array, broadcast with the composition).
+    accountant: "pld" (certified FFT accountant, the default); "spa" (saddle point: constant
+      time in the step count; certified bounds from its Berry-Esseen error, nan where vacuous);
+      "rdp" (Renyi DP at the best continuous order: an upper bound only); "gdp" (Gaussian DP:
+      exact for Gaussian steps, a central-limit estimate without bounds for subsampled ones).
+    method: the accountant's estimate; for "spa" one of "clt" (default), "msd0", "msd1".
     eps_error: target half-width of the certified bracket (upper - lower ~ 2 eps_error).
     delta_error: the lower bound's delta slack, as a fraction of delta.
     plan: a ``Plan`` (required under jit/vmap/grad); planned for the worst case if omitted.
@@ -152,9 +198,12 @@ def epsilon(composition, delta, *, eps_error=0.01, delta_error=1e-3, plan=None,
   Returns:
     ``Bounds`` (lower, estimate, upper, status), float64, batched like the inputs.
   """
+  _check_accountant(accountant)
   composition = as_composition(composition)
-  composition.check()
+  composition.check(integer_counts=accountant == "pld")
   _check_range("delta", delta, 0.0, 1.0)
+  if accountant != "pld":
+    return _run_cgf(accountant, "epsilon", composition, delta, method)
   planned_here = plan is None
   plan = _plan_for(composition, delta, eps_error, delta_error, plan)
   return _run_planned(_epsilon_one, _epsilon_many, composition, delta, plan, planned_here,
@@ -162,16 +211,19 @@ def epsilon(composition, delta, *, eps_error=0.01, delta_error=1e-3, plan=None,
 
 
 @float64
-def delta(composition, epsilon, *, smallest_delta=1e-10, eps_error=0.01, delta_error=1e-3,
-          plan=None, batch_size=None) -> Bounds:
-  """Certified delta(epsilon) of a composition (worst adjacency direction).
+def delta(composition, epsilon, *, accountant="pld", method=None, smallest_delta=1e-10,
+          eps_error=0.01, delta_error=1e-3, plan=None, batch_size=None) -> Bounds:
+  """delta(epsilon) of a composition (worst adjacency direction), certified by default.
 
-  ``smallest_delta`` sizes the grid: answers below it are valid but their relative accuracy
+  ``smallest_delta`` sizes the PLD grid: answers below it are valid but their relative accuracy
   degrades. Other arguments as in ``epsilon``.
   """
+  _check_accountant(accountant)
   composition = as_composition(composition)
-  composition.check()
+  composition.check(integer_counts=accountant == "pld")
   _check_range("epsilon", epsilon, 0.0, np.inf, low_open=False)
+  if accountant != "pld":
+    return _run_cgf(accountant, "delta", composition, epsilon, method)
   _check_range("smallest_delta", smallest_delta, 0.0, 1.0)
   planned_here = plan is None
   plan = _plan_for(composition, smallest_delta, eps_error, delta_error, plan)
@@ -212,22 +264,24 @@ def dpsgd_plan(noise_multiplier, sampling_rate, steps, delta, *, relation="add_r
 
 @float64
 def dpsgd_epsilon(noise_multiplier, sampling_rate, steps, delta, *, relation="add_remove",
-                  eps_error=0.01, delta_error=1e-3, plan=None, batch_size=None) -> Bounds:
+                  accountant="pld", method=None, eps_error=0.01, delta_error=1e-3, plan=None,
+                  batch_size=None) -> Bounds:
   """Certified epsilon of DP-SGD (Poisson sampling), e.g.
   ``dpsgd_epsilon(1.0, 0.01, 10_000, 1e-5).upper``. Array arguments broadcast into a batch.
 
   Args are as in ``dpsgd_composition`` and ``epsilon``.
   """
   comp = dpsgd_composition(noise_multiplier, sampling_rate, steps, relation)
-  return epsilon(comp, delta, eps_error=eps_error, delta_error=delta_error, plan=plan,
-                 batch_size=batch_size)
+  return epsilon(comp, delta, accountant=accountant, method=method, eps_error=eps_error,
+                 delta_error=delta_error, plan=plan, batch_size=batch_size)
 
 
 @float64
 def dpsgd_delta(noise_multiplier, sampling_rate, steps, epsilon, *, relation="add_remove",
-                smallest_delta=1e-10, eps_error=0.01, delta_error=1e-3, plan=None,
-                batch_size=None) -> Bounds:
+                accountant="pld", method=None, smallest_delta=1e-10, eps_error=0.01,
+                delta_error=1e-3, plan=None, batch_size=None) -> Bounds:
   """Certified delta(epsilon) of DP-SGD; arguments as in ``dpsgd_epsilon``."""
   comp = dpsgd_composition(noise_multiplier, sampling_rate, steps, relation)
-  return delta(comp, epsilon, smallest_delta=smallest_delta, eps_error=eps_error,
-               delta_error=delta_error, plan=plan, batch_size=batch_size)
+  return delta(comp, epsilon, accountant=accountant, method=method,
+               smallest_delta=smallest_delta, eps_error=eps_error, delta_error=delta_error,
+               plan=plan, batch_size=batch_size)

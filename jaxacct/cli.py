@@ -2,6 +2,8 @@
 
     jaxacct epsilon --noise-multiplier 1.0 --sampling-rate 0.01 --steps 10000 --delta 1e-5
     jaxacct delta --noise-multiplier 1.0 --sampling-rate 0.01 --steps 10000 --epsilon 3 --json
+    jaxacct epsilon --accountant spa ...      (saddle point; see ``jaxacct compare``)
+    jaxacct compare --noise-multiplier 1.0 --sampling-rate 0.01 --steps 10000 --delta 1e-5
 
 Bad input prints one line on stderr and exits with status 2. Compiled programs are cached in
 ``~/.cache/jaxacct`` (set ``JAXACCT_NO_CACHE=1`` to disable) so later runs start faster.
@@ -15,11 +17,16 @@ import os
 import sys
 
 
+_ACCOUNTANTS = ("pld", "spa", "edgeworth", "gdp", "rdp")
+
+
 def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog="jaxacct", description=__doc__.split("\n")[0])
   sub = parser.add_subparsers(dest="command", required=True)
-  for name, target in (("epsilon", "--delta"), ("delta", "--epsilon")):
-    cmd = sub.add_parser(name, help=f"certified {name} of DP-SGD with Poisson sampling")
+  for name, target in (("epsilon", "--delta"), ("delta", "--epsilon"), ("compare", "--delta")):
+    help_text = (f"certified {name} of DP-SGD with Poisson sampling" if name != "compare" else
+                 "epsilon of DP-SGD by every accountant, side by side")
+    cmd = sub.add_parser(name, help=help_text)
     cmd.add_argument("--noise-multiplier", type=float, default=1.0,
                      help="noise standard deviation / clip norm (default 1.0)")
     cmd.add_argument("--sampling-rate", type=float, default=0.01,
@@ -33,6 +40,11 @@ def _parser() -> argparse.ArgumentParser:
                      help="neighbouring relation (default add_remove: worse of both directions)")
     cmd.add_argument("--eps-error", type=float, default=0.01,
                      help="target half-width of the certified bracket (default 0.01)")
+    if name != "compare":
+      cmd.add_argument("--accountant", choices=_ACCOUNTANTS, default="pld",
+                       help="pld (certified FFT, default), spa (saddle point), edgeworth, gdp, rdp")
+      cmd.add_argument("--method", default=None,
+                       help="the accountant's estimate, e.g. clt|msd0|msd1 for spa")
     cmd.add_argument("--json", action="store_true", help="print one JSON object on stdout")
   return parser
 
@@ -50,37 +62,73 @@ def _enable_compile_cache():
     pass  # a read-only home or an older JAX: run without the cache
 
 
+def _query(jaxacct, args, accountant, method=None):
+  """The requested quantity by one accountant (raises ValueError on bad input)."""
+  common = dict(relation=args.relation, accountant=accountant, method=method)
+  if accountant == "pld":
+    common["eps_error"] = args.eps_error
+  if args.command == "delta":
+    return jaxacct.dpsgd_delta(args.noise_multiplier, args.sampling_rate, args.steps,
+                               args.epsilon, **common)
+  return jaxacct.dpsgd_epsilon(args.noise_multiplier, args.sampling_rate, args.steps, args.delta,
+                               **common)
+
+
+def _shown(value):
+  return "n/a" if value is None else f"{value:.6g}"
+
+
+def _compare(jaxacct, args, setting):
+  """Every available accountant on one setting: a table (or a JSON object with a list)."""
+  rows = []
+  for accountant, (_, methods) in jaxacct.api.ACCOUNTANTS.items():
+    for method in methods:
+      try:
+        result = _query(jaxacct, args, accountant, method)
+      except ValueError as err:  # e.g. a model this accountant cannot serve
+        rows.append({"accountant": accountant, "method": method, "error": str(err)})
+        continue
+      rows.append(result.to_dict(accountant=accountant, method=method))
+  if args.json:
+    print(json.dumps({"quantity": "epsilon", "delta": args.delta, **setting, "results": rows}))
+    return 0
+  label = ", ".join(f"{k}={v}" for k, v in {**setting, "delta": args.delta}.items())
+  print(f"epsilon of DP-SGD ({label}):")
+  print(f"  {'accountant':<11}{'method':<8}{'lower':>12}{'estimate':>12}{'upper':>12}  notes")
+  for row in rows:
+    if "error" in row:
+      print(f"  {row['accountant']:<11}{row['method']:<8}  error: {row['error']}")
+      continue
+    notes = "; ".join(row["notes"])
+    print(f"  {row['accountant']:<11}{row['method']:<8}{_shown(row['lower']):>12}"
+          f"{_shown(row['estimate']):>12}{_shown(row['upper']):>12}  {notes}")
+  return 0
+
+
 def main(argv=None) -> int:
   args = _parser().parse_args(argv)
   _enable_compile_cache()
   import jaxacct
 
-  common = dict(relation=args.relation, eps_error=args.eps_error)
+  setting = {"noise_multiplier": args.noise_multiplier, "sampling_rate": args.sampling_rate,
+             "steps": args.steps, "relation": args.relation}
   try:
-    if args.command == "epsilon":
-      result = jaxacct.dpsgd_epsilon(args.noise_multiplier, args.sampling_rate, args.steps,
-                                     args.delta, **common)
-      query = {"delta": args.delta}
-    else:
-      result = jaxacct.dpsgd_delta(args.noise_multiplier, args.sampling_rate, args.steps,
-                                   args.epsilon, **common)
-      query = {"epsilon": args.epsilon}
+    if args.command == "compare":
+      return _compare(jaxacct, args, setting)
+    result = _query(jaxacct, args, args.accountant, args.method)
   except ValueError as err:
     print(f"jaxacct: error: {err}", file=sys.stderr)
     return 2
-  setting = {"noise_multiplier": args.noise_multiplier, "sampling_rate": args.sampling_rate,
-             "steps": args.steps, "relation": args.relation}
-  out = result.to_dict(quantity=args.command, accountant="pld", **query, **setting)
+  query = {"delta": args.delta} if args.command == "epsilon" else {"epsilon": args.epsilon}
+  out = result.to_dict(quantity=args.command, accountant=args.accountant, **query, **setting)
   if args.json:
     print(json.dumps(out))
     return 0
   label = ", ".join(f"{k}={v}" for k, v in {**setting, **query}.items())
-  print(f"{args.command} of DP-SGD ({label}), PLD accountant:")
+  print(f"{args.command} of DP-SGD ({label}), {args.accountant} accountant:")
   for key in ("lower", "estimate", "upper"):
-    value = out[key]
-    shown = "n/a" if value is None else f"{value:.6g}"
     tag = "   <- certified guarantee to report" if key == "upper" else ""
-    print(f"  {key:<9}{shown}{tag}")
+    print(f"  {key:<9}{_shown(out[key])}{tag}")
   for note in out["notes"]:
     print(f"  note: {note}")
   return 0

@@ -43,8 +43,9 @@ class Composition:
   def append(self, other: "Composition") -> "Composition":
     return Composition(self.mechanisms + other.mechanisms, self.counts + other.counts)
 
-  def check(self):
-    """Raises ValueError on invalid concrete parameters or counts (no-op under tracing)."""
+  def check(self, integer_counts=True):
+    """Raises ValueError on invalid concrete parameters or counts (no-op under tracing). The
+    CGF-based accountants accept real-valued counts (``integer_counts=False``)."""
     if not self.mechanisms:
       raise ValueError("a composition needs at least one (mechanism, count) entry")
     for mech, count in zip(self.mechanisms, self.counts):
@@ -53,8 +54,10 @@ class Composition:
         vals = np.asarray(count, dtype=np.float64)
       except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
         continue
-      if not (np.all(np.isfinite(vals)) and np.all(vals >= 0) and np.all(vals == np.round(vals))):
-        raise ValueError(f"counts (steps) must be finite non-negative integers; got {count!r}")
+      whole = np.all(vals == np.round(vals)) or not integer_counts
+      if not (np.all(np.isfinite(vals)) and np.all(vals >= 0) and whole):
+        kind = "integers" if integer_counts else "numbers"
+        raise ValueError(f"counts (steps) must be finite non-negative {kind}; got {count!r}")
 
 
 def as_composition(entry) -> Composition:

@@ -15,6 +15,9 @@ both directions share one compiled program):
 * ``inf_mass()``: P(L = +inf).
 * ``loss_range(log_tail)``: an interval holding all but exp(log_tail) of the finite loss mass
   under P and under Q (used to place grids, never to certify).
+* ``loss_nodes(t)``: (log weights under P, loss values), a quadrature of the finite part of L's
+  law that is accurate for integrands concentrated where e^{tL} dP is (the cumulant generating
+  function and its derivatives are read from it, see ``jaxacct.cgf``).
 
 Models whose pair is the same in both directions set ``symmetric = True``.
 """
@@ -29,7 +32,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import ndtr
 
-from jaxacct._numerics import LOSS_BIG, safe_where
+from jaxacct._numerics import LOSS_BIG, composite_nodes, safe_where, standard_normal_nodes
+
+# Quadratures reach this many standard deviations beyond every bulk or tilted peak (the
+# standard-normal mass beyond is below 1e-57 relative).
+_REACH = 16.0
 
 def _model(cls):
   """Frozen dataclass registered as a pytree whose fields are all data (array) fields."""
@@ -82,6 +89,15 @@ class PrivacyLoss:
   def loss_range(self, log_tail, add=False):
     raise NotImplementedError
 
+  def loss_nodes(self, t, add=False):
+    raise ValueError(f"{type(self).__name__} has no cumulant generating function")
+
+  def base_nodes(self, t, add=False):
+    """Nodes of this model's (remove-direction) loss Z under P, as the base of a Poisson-
+    subsampled step tilted by t: they must cover P's bulk, Q's bulk (dQ = e^{-Z} dP) and where
+    the subsampled direction's tilted integrand peaks."""
+    return self.loss_nodes(t)
+
   def check(self):
     """Raises ValueError on invalid concrete parameters (no-op under tracing)."""
 
@@ -112,6 +128,20 @@ class Gaussian(PrivacyLoss):
     mu = self._mu()
     z = jnp.sqrt(-2.0 * log_tail)
     return -0.5 * mu * mu - z * mu, 0.5 * mu * mu + z * mu
+
+  def loss_nodes(self, t, add=False):
+    return self.base_nodes(t)
+
+  def base_nodes(self, t, add=False):
+    # Z = mu u + mu^2/2 with u ~ N(0, 1) under P; Q's bulk is at u = -mu. Subsampled, the remove
+    # integrand peaks near u = t mu; the add one, e^{-t f(Z)} dQ, drifts left to about
+    # u = -log(1 + t) / mu where t q e^Z stops mattering.
+    mu = self._mu()
+    left = jnp.where(add, -jnp.log1p(jnp.maximum(t, 0.0)) / mu, t * mu)
+    right = jnp.where(add, 0.0, t * mu)
+    log_w, u = standard_normal_nodes(jnp.minimum(-mu, left) - _REACH,
+                                     jnp.maximum(0.0, right) + _REACH)
+    return log_w, mu * u + 0.5 * mu * mu
 
 
 @_model
@@ -144,6 +174,15 @@ class Laplace(PrivacyLoss):
   def loss_range(self, log_tail, add=False):
     e0 = self.sensitivity / self.scale
     return -e0, e0
+
+  def loss_nodes(self, t, add=False):
+    # Atoms at e0 (P-mass 1/2) and -e0 (e^{-e0}/2); density e^{(l - e0)/2}/4 in between
+    # (analytic, so Gauss-Legendre is exact to rounding). Valid for every tilt.
+    e0 = self.sensitivity / self.scale
+    x, w = composite_nodes(-e0, e0)
+    log_w = jnp.log(w) + 0.5 * (x - e0) - np.log(4.0)
+    return (jnp.concatenate([log_w, jnp.stack([-np.log(2.0), -e0 - np.log(2.0)])]),
+            jnp.concatenate([x, jnp.stack([e0, -e0])]))
 
 
 @_model
@@ -180,17 +219,28 @@ class EpsilonDelta(PrivacyLoss):
   def loss_range(self, log_tail, add=False):
     return -self.epsilon, self.epsilon
 
+  def loss_nodes(self, t, add=False):
+    # The finite part only; the delta atom at +inf makes K infinite (see jaxacct.cgf).
+    eps = self.epsilon
+    log_finite = jnp.log1p(-self.delta)
+    return (jnp.stack([jax.nn.log_sigmoid(eps), jax.nn.log_sigmoid(-eps)]) + log_finite,
+            jnp.stack([eps, -eps]))
+
 
 def PureDP(epsilon):  # noqa: N802 - a constructor that reads like a class
   """Pure epsilon-DP (binary randomized response): ``EpsilonDelta(epsilon, 0)``."""
   return EpsilonDelta(epsilon, 0.0)
 
 
-def _subsampled_loss(base_loss, rate):
+def subsampled_loss(base_loss, rate):
   """f(z) = log(1 - q + q e^z): the remove-direction loss of a Poisson-subsampled step."""
   big = base_loss > 0.0
   pos = lambda z: z + jnp.log(rate) + jnp.log1p((1.0 - rate) / rate * jnp.exp(-z))
-  neg = lambda z: jnp.log1p(rate * jnp.expm1(z))
+  # log1p is accurate while q (e^z - 1) stays away from -1; beyond (q near 1, z << 0), the sum
+  # of the two terms in log space (exactly z at q = 1).
+  near = lambda z: jnp.log1p(rate * jnp.expm1(z))
+  far = lambda z: jnp.logaddexp(_log1m_rate(rate), jnp.log(rate) + z)
+  neg = lambda z: safe_where(rate * jnp.expm1(z) > -0.5, near, far, z)
   return safe_where(big, pos, neg, base_loss)
 
 
@@ -250,8 +300,15 @@ class PoissonSampled(PrivacyLoss):
     q = self.rate
     lo_b, hi_b = self.base.loss_range(log_tail)
     lo = jnp.where(q < 1.0, _log1m_rate(q), lo_b)
-    hi = _subsampled_loss(hi_b, q)
+    hi = subsampled_loss(hi_b, q)
     return jnp.where(add, -hi, lo), jnp.where(add, -lo, hi)
+
+  def loss_nodes(self, t, add=False):
+    # remove: L = f(Z) under q B1 + (1-q) B0 = e^{f(Z) - Z} dB1; add: L = -f(Z) under
+    # B0 = e^{-Z} dB1. For large Z the remove integrand grows like e^{t Z} dB1; the add one decays.
+    log_w, z = self.base.base_nodes(t, add)
+    f = subsampled_loss(z, self.rate)
+    return log_w - z + jnp.where(add, 0.0, f), jnp.where(add, -f, f)
 
 
 @_model
@@ -317,3 +374,13 @@ class SampledGaussianReplaceOne(PrivacyLoss):
 
     x_edge = s + z * sig
     return loss_at(x_edge), loss_at(-x_edge)
+
+  def loss_nodes(self, t, add=False):
+    # In u = x / sigma: log densities of the two mixtures; P^{1+t} Q^{-t} peaks near u = -(1+t) mu.
+    mu = self.sensitivity / self.sigma
+    q = self.rate
+    log1mq = _log1m_rate(q)
+    log_w, u = standard_normal_nodes(-(1.0 + t) * mu - _REACH, mu + _REACH)
+    log_p = jnp.logaddexp(jnp.log(q) - mu * u - 0.5 * mu * mu, log1mq)  # relative to N(0, 1)
+    log_q = jnp.logaddexp(jnp.log(q) + mu * u - 0.5 * mu * mu, log1mq)
+    return log_w + log_p, log_p - log_q

@@ -107,6 +107,8 @@ class PrivacyLossDistribution:
   # Running sums over the composed steps (what ``append`` extends):
   spectrum: jax.Array      # [D, N//2+1] product of the steps' FFT spectra (powers by squaring)
   low_log: jax.Array       # [D, K0] sum of count * log F'_k for k < K0 (accurate low band)
+  low_error: jax.Array     # [D, K0] relative round-off bound of exp(low_log)
+  low_ok: jax.Array        # [D, K0] bool: the direct value is used (every step had |z| <= 1/2)
   phase: jax.Array         # [D] int64 sum of count * centre: F_k = w^(phase k) exp(low_log_k)
   spectrum_error: jax.Array  # [D, N//2+1] relative round-off bound of each composed coefficient
   high_log: jax.Array      # [D] sum of count * log max_{k >= band} |F_k| (see _high_band)
@@ -170,8 +172,7 @@ def _discretise(model, add, plan: Plan) -> _Step:
   # The grid ends at the range's top (not wherever the static size reaches), so the planning
   # pass and this one agree on the support; the mass above goes to +inf like any truncated tail.
   top = jax.lax.stop_gradient(jnp.ceil(jnp.clip(hi, -LOSS_BIG / 2, LOSS_BIG / 2) / h) * h)
-  # (The barrier stops XLA from recomputing the costly CDFs inside every consumer's fusion.)
-  p_cdf, p_sf, q_cdf, q_sf = jax.lax.optimization_barrier(model.cdf_sf(jnp.minimum(t, top), add))
+  p_cdf, p_sf, q_cdf, q_sf = model.cdf_sf(jnp.minimum(t, top), add)
   p_cell, p_scale = _cell_masses(p_cdf, p_sf)
   q_cell, q_scale = _cell_masses(q_cdf, q_sf)
   exp_b = jnp.exp(jnp.minimum(t[1:], _MAX_SPAN))
@@ -268,12 +269,18 @@ def _low_log_spectrum(pmf, n, k0, block):
   a_re = jnp.sum(moments[None, :, 0] * one_minus_re - (cos_x * taylor_re + sin_x * taylor_im), 1)
   a_im = jnp.sum(moments[None, :, 0] * one_minus_im - (cos_x * taylor_im - sin_x * taylor_re), 1)
   zr, zi = a_re / total, a_im / total
-  log_abs = jnp.log(total) + 0.5 * jnp.log1p(-2.0 * zr + zr * zr + zi * zi)
+  # |1 - z|^2 - 1 >= -1; the clamp only keeps rounding (where |z| ~ 1 and the value is not used,
+  # see _LOW_BAND_MAX_Z) from giving NaNs.
+  log_abs = jnp.log(total) + 0.5 * jnp.log1p(jnp.maximum(-2.0 * zr + zr * zr + zi * zi,
+                                                         -1.0 + 1e-300))
   arg = jnp.arctan2(-zi, 1.0 - zr)
   return log_abs + 1j * arg, centre.astype(jnp.int64), jnp.hypot(zr, zi)
 
 
 _TINY = 1e-150  # spectrum values below this count as 0 (their powers are below 1e-150)
+# A low-band coefficient is taken from the direct sums only where every step has |z| <= this
+# (|F'_k| >= S/2, so 1 - z keeps its relative accuracy); elsewhere the FFT value is used.
+_LOW_BAND_MAX_Z = 0.5
 
 
 def _power(transform, count):
@@ -315,6 +322,8 @@ def _accumulate(composition: Composition, add, plan: Plan):
   band_error = jnp.zeros(k1)
   high_log = jnp.zeros(())
   low_log = jnp.zeros(k0, dtype=jnp.complex128)
+  low_error = jnp.zeros(k0)
+  low_ok = jnp.ones(k0, dtype=bool)
   phase = jnp.zeros((), jnp.int64)
   mass_error = jnp.zeros(())
   log2n = math.log2(n)
@@ -335,12 +344,14 @@ def _accumulate(composition: Composition, add, plan: Plan):
       high_log = high_log + count * jnp.log(jnp.maximum(largest, _TINY))
     step_log, centre, deviation = _low_log_spectrum(step.pmf, n, k0, plan.block)
     low_log = low_log + count * step_log
+    low_ok = low_ok & ((deviation <= _LOW_BAND_MAX_Z) | (count == 0))
     phase = phase + k * centre
     # In the low band, the direct sums' relative error times the count.
     theta_block = (2.0 * math.pi * (plan.block - 1) / n) * jnp.arange(k0)  # largest theta r
-    low = count * (256.0 * F64_EPS * deviation + theta_block ** _TAYLOR_TERMS / 362880.0)
-    high = _coefficient_error(transform[:k1], count, fft_abs)
-    band_error = band_error + jax.lax.stop_gradient(high.at[:k0].set(low))
+    low_error = low_error + jax.lax.stop_gradient(
+        count * (256.0 * F64_EPS * deviation + theta_block ** _TAYLOR_TERMS / 362880.0))
+    band_error = band_error + jax.lax.stop_gradient(
+        _coefficient_error(transform[:k1], count, fft_abs))
     mass_error = mass_error + count * _FFT_ULPS * F64_EPS
     base = base + k * step.start
     cgf = cgf + count * _step_cgf(step, h)
@@ -349,7 +360,8 @@ def _accumulate(composition: Composition, add, plan: Plan):
     moved = moved + count * step.moved
     bias = bias + count * step.bias
     total = total + count
-  acc = dict(spectrum=band, low_log=low_log, phase=phase, spectrum_error=band_error,
+  acc = dict(spectrum=band, low_log=low_log, low_error=low_error, low_ok=low_ok, phase=phase,
+             spectrum_error=band_error,
              high_log=high_log, mass_error=mass_error, base=base, cgf=cgf,
              log_finite=log_finite, tail=tail, moved=moved, bias=bias, total_count=total)
   return acc, steps
@@ -425,12 +437,15 @@ def _materialise(acc, plan: Plan):
   below = jnp.exp(jnp.minimum(0.0, jnp.min(cgf_neg + tilts * bottom)))
   k0 = plan.low_frequencies
   low = jnp.exp(acc["low_log"]) * _rotation(acc["phase"], jnp.arange(k0), n)
-  spectrum = acc["spectrum"].at[:k0].set(low)
+  ok = acc["low_ok"]
+  spectrum = acc["spectrum"].at[:k0].set(jnp.where(ok, low, acc["spectrum"][:k0]))
+  relative_error = acc["spectrum_error"].at[:k0].set(
+      jnp.where(ok, acc["low_error"], acc["spectrum_error"][:k0]))
   circular = jnp.fft.irfft(spectrum, n=n)
   pmf = jnp.roll(circular, -jnp.mod(start - acc["base"], n))
   # Round-off: sum_j |err_j| <= sqrt(n) ||err||_2 = ||spectrum error||_2 (Parseval, both halves),
   # plus the inverse transform's own error c eps log2(n) sqrt(n) ||f||_2.
-  coefficient_error = jnp.abs(spectrum) * acc["spectrum_error"]
+  coefficient_error = jnp.abs(spectrum) * relative_error
   # A spectrum dropped above the band (see _high_band) adds at most its own L2 bound.
   n_high = max(n // 2 + 1 - plan.band, 1)
   dropped = jnp.where(_high_band_negligible(acc["high_log"], plan),
@@ -456,8 +471,8 @@ def compose(composition: Composition, plan: Plan) -> PrivacyLossDistribution:
   return PrivacyLossDistribution(plan=plan, **acc, **jax.vmap(_materialise, (0, None))(acc, plan))
 
 
-_RUNNING_SUMS = ("low_log", "phase", "spectrum_error", "high_log", "mass_error", "base", "cgf",
-                 "log_finite", "tail", "moved", "bias", "total_count")
+_RUNNING_SUMS = ("low_log", "low_error", "phase", "spectrum_error", "high_log", "mass_error", "base",
+                 "cgf", "log_finite", "tail", "moved", "bias", "total_count")
 
 
 def append(pld: PrivacyLossDistribution, composition: Composition) -> PrivacyLossDistribution:
@@ -473,6 +488,7 @@ def append(pld: PrivacyLossDistribution, composition: Composition) -> PrivacyLos
   for key in _RUNNING_SUMS:
     if key not in ("spectrum_error", "high_log"):
       acc[key] = acc[key] + previous[key]
+  acc["low_ok"] = acc["low_ok"] & pld.low_ok
   acc["spectrum"] = acc["spectrum"] * previous["spectrum"][:, :k1]
   acc["spectrum_error"] = acc["spectrum_error"] + previous["spectrum_error"][:, :k1]
   acc = _high_band(acc, steps, pld.plan, previous)

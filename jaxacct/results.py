@@ -14,11 +14,18 @@ OK = 0
 WINDOW_TOO_SMALL = 1   # composed distribution wider than the FFT window: bounds widened
 BELOW_FLOOR = 2        # requested delta below what the grid resolves: upper = +inf
 LOWER_VACUOUS = 4      # no useful lower bound (reported as nan)
+APPROXIMATION = 8      # an approximation without certified bounds (lower and upper are nan)
+UNRELIABLE = 16        # an approximation outside the regime where it is known to be accurate
+OUT_OF_RANGE = 32      # the answer lies beyond the range the method searches: upper is +inf
 
 STATUS_TEXT = {
     WINDOW_TOO_SMALL: "composed loss wider than the grid window; bounds widened",
     BELOW_FLOOR: "delta below the grid's numerical floor; upper is +inf",
     LOWER_VACUOUS: "lower bound vacuous (nan)",
+    APPROXIMATION: "central-limit approximation: no certified bound (it can under-report epsilon)",
+    UNRELIABLE: "approximation outside its reliable regime (small saddle point, few steps or a "
+                "large correction term): the estimate may be off",
+    OUT_OF_RANGE: "answer beyond the searched range of the method; upper is +inf",
 }
 
 
@@ -27,8 +34,10 @@ STATUS_TEXT = {
 class Bounds:
   """A privacy parameter with certified bounds: ``lower <= truth <= upper``.
 
-  ``estimate`` is the accountant's point value. A bound the method cannot certify is ``nan``
-  (lower) or ``+inf`` (upper) and ``status`` says why (bits in ``jaxacct.results``). Every field is
+  ``estimate`` is the accountant's point value. A lower bound the method cannot give is ``nan``;
+  an upper bound is ``+inf`` where a certificate failed and ``nan`` where the method is an
+  approximation that certifies nothing (GDP's central limit); ``status`` says why (bits in
+  ``jaxacct.results``). Every field is
   a float64 array, batched like the inputs. Report ``upper`` as the privacy guarantee.
   """
 

@@ -1,0 +1,82 @@
+"""Cumulant generating function K(t) = log E_P[e^{tL}] of a step's privacy loss, and its cumulants.
+
+What the constant-time accountants (saddle point, Edgeworth, Renyi DP) read from a privacy-loss
+model. ``cumulants(model, t, add)`` returns, per step,
+
+    (K, K', K'', K''', K'''', rho)(t),   rho(t) = E|L_t - K'(t)|^3,
+
+where L_t is the loss tilted by e^{tL} (its k-th cumulant is the k-th derivative of K at t).
+Closed forms are used where they exist (Gaussian); otherwise the model's ``loss_nodes(t, add)``
+(a quadrature of the loss law under P, accurate where e^{tL} dP is concentrated) gives them as the
+moments of the tilted weights, which are exactly the derivatives of the discrete log-sum-exp. A composition's cumulants are sum_i count_i x step_i
+(real counts allowed).
+
+Models with an atom at L = +inf ((epsilon, delta)-DP with delta > 0) have K = +inf for t > 0 and
+are refused by the CGF accountants (``check_cgf``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxacct import models
+from jaxacct.composition import Composition
+
+
+def tilted_cumulants(log_weights, losses, t):
+  """(K, K', K'', K''', K'''', rho) at tilt t of the discrete law sum_i w_i delta_{l_i}."""
+  a = log_weights + t * losses
+  k = jax.nn.logsumexp(a)
+  p = jnp.exp(a - k)
+  mean = jnp.sum(p * losses)
+  d = losses - mean
+  m2, m3, m4 = jnp.sum(p * d * d), jnp.sum(p * d ** 3), jnp.sum(p * d ** 4)
+  rho = jnp.sum(p * jnp.abs(d) ** 3)
+  return jnp.stack([k, mean, m2, m3, m4 - 3.0 * m2 * m2, rho])
+
+
+def _gaussian_cumulants(mu, t):
+  """Closed form: L ~ N(mu^2/2, mu^2), K = mu^2 t (t + 1) / 2, rho = 2 sqrt(2/pi) mu^3."""
+  mu2 = mu * mu
+  zero = jnp.zeros_like(t * mu)
+  return jnp.stack([0.5 * mu2 * t * (t + 1.0), mu2 * (t + 0.5) + zero, mu2 + zero, zero, zero,
+                    2.0 * math.sqrt(2.0 / math.pi) * mu2 * mu + zero])
+
+
+def step_cumulants(model, t, add=False):
+  """(K, K', K'', K''', K'''', rho) of one step of ``model`` at tilt t, direction ``add``."""
+  t = jnp.asarray(t, jnp.float64)
+  if isinstance(model, models.Gaussian):
+    return _gaussian_cumulants(model.sensitivity / model.sigma, t)
+  out = tilted_cumulants(*model.loss_nodes(t, add), t)
+  # Mass at L = +inf ((epsilon, delta)-DP): K = +inf for t > 0 (check_cgf refuses it).
+  return jnp.where(model.inf_mass(add) > 0.0, jnp.inf, out)
+
+
+def cumulants(composition: Composition, t, add=False):
+  """Sum over entries of count x step cumulants (real counts allowed)."""
+  total = 0.0
+  for mech, count in zip(composition.mechanisms, composition.counts):
+    total = total + jnp.asarray(count, jnp.float64) * step_cumulants(mech, t, add)
+  return total
+
+
+def check_cgf(composition: Composition):
+  """Raises ValueError for entries whose CGF is infinite or not modelled (concrete inputs)."""
+  for mech in composition.mechanisms:
+    inner = mech.base if isinstance(mech, models.PoissonSampled) else mech
+    if isinstance(inner, models.EpsilonDelta):
+      try:
+        has_delta = bool(np.any(np.asarray(inner.delta) > 0.0))
+      except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        continue
+      if has_delta:
+        raise ValueError("(epsilon, delta)-DP with delta > 0 has an infinite cumulant generating "
+                         "function: use the PLD accountant (accountant='pld')")
+    if not isinstance(inner, (models.Gaussian, models.Laplace, models.EpsilonDelta,
+                              models.SampledGaussianReplaceOne)):
+      raise ValueError(f"no cumulant generating function for {type(inner).__name__}")

@@ -1,0 +1,210 @@
+"""The cumulant generating function and the saddle-point accountant against closed forms, the
+digest's reference values (seed_004.md section 8, mpmath/contour-integral truths) and the PLD
+accountant."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy.stats import norm
+
+import jaxacct
+from jaxacct import cgf, models, results, spa
+from jaxacct.composition import Composition
+
+
+def _sgd(q, sigma, n):
+  return Composition.of((models.PoissonSampled(models.Gaussian(sigma), q), n))
+
+
+@pytest.fixture(autouse=True)
+def _x64():
+  with jax.enable_x64(True):
+    yield
+
+
+# seed_004.md section 1.4: (q, sigma, t) -> (K, K', K'', K''', K''''), mpmath at 40 digits.
+CGF_TABLE = [
+    ((0.01, 2.0, 0.5), (1.06345046792585e-5, 2.83912021981991e-5, 2.85324199731108e-5,
+                        2.62465446409011e-7, 4.6026657334653e-9)),
+    ((0.01, 2.0, 27.3), (1.19767565341101e-2, 9.05538356471475e-4, 3.77719874298357e-5,
+                         4.55497029045534e-7, 1.12333824464277e-8)),
+    ((0.1, 1.0, 2.5), (0.106811227007633, 0.107652752773604, 9.94110154958975e-2,
+                       0.114325117898942, 0.1801152777207)),
+    ((256 / 60000, 1.1, 6.9), (6.69472288712234e-4, 1.87747025323446e-4, 2.80580839816188e-5,
+                               9.01641696308393e-7, 1.23566087093367e-7)),
+]
+
+
+@pytest.mark.parametrize("params,ref", CGF_TABLE)
+def test_subsampled_gaussian_cumulants_match_mpmath(params, ref):
+  q, sigma, t = params
+  got = np.asarray(cgf.step_cumulants(models.PoissonSampled(models.Gaussian(sigma), q), t))
+  np.testing.assert_allclose(got[:5], ref, rtol=1e-9)
+
+
+@pytest.mark.parametrize("q,sigma,alpha", [(0.01, 2.0, 2), (0.1, 1.0, 4), (0.3, 0.7, 7)])
+def test_integer_order_cgf_matches_binomial_sum(q, sigma, alpha):
+  """K(alpha - 1) = log sum_k C(alpha, k) (1-q)^(alpha-k) q^k e^{k(k-1)/(2 sigma^2)}."""
+  terms = [math.comb(alpha, k) * (1 - q) ** (alpha - k) * q ** k
+           * math.exp(k * (k - 1) / (2 * sigma ** 2)) for k in range(alpha + 1)]
+  got = float(cgf.step_cumulants(models.PoissonSampled(models.Gaussian(sigma), q), alpha - 1)[0])
+  assert got == pytest.approx(math.log(sum(terms)), rel=1e-10, abs=1e-15)
+
+
+def test_cumulants_are_derivatives_of_k():
+  model = models.PoissonSampled(models.Gaussian(0.9), 0.05)
+  k = lambda t: cgf.step_cumulants(model, t)[0]
+  derivs = [jax.grad(k), jax.grad(jax.grad(k)), jax.grad(jax.grad(jax.grad(k)))]
+  cum = np.asarray(cgf.step_cumulants(model, 3.0))
+  for order, d in enumerate(derivs, start=1):
+    assert float(d(3.0)) == pytest.approx(cum[order], rel=1e-7)
+
+
+def test_laplace_and_gaussian_cgf_closed_forms():
+  e0, t = 0.8, 1.7
+  want = math.log(((1 + t) * math.exp(t * e0) + t * math.exp(-(1 + t) * e0)) / (1 + 2 * t))
+  assert float(cgf.step_cumulants(models.Laplace(1 / e0), t)[0]) == pytest.approx(want, rel=1e-13)
+  # The Gaussian's quadrature nodes reproduce its closed form (rho included).
+  g = models.Gaussian(0.7)
+  np.testing.assert_allclose(cgf.tilted_cumulants(*g.loss_nodes(2.0), 2.0),
+                             cgf.step_cumulants(g, 2.0), rtol=1e-7, atol=1e-12)
+  # Replace-one at q = 1 is the Gaussian mechanism with sensitivity 2.
+  np.testing.assert_allclose(cgf.step_cumulants(models.SampledGaussianReplaceOne(1.5, 1.0), 2.0),
+                             cgf.step_cumulants(models.Gaussian(1.5, 2.0), 2.0),
+                             rtol=1e-7, atol=1e-12)
+
+
+def test_cgf_refuses_infinite_atoms():
+  with pytest.raises(ValueError, match="infinite cumulant"):
+    cgf.check_cgf(Composition.of((models.EpsilonDelta(1.0, 1e-6), 3)))
+
+
+@pytest.mark.parametrize("mu,eps", [(0.5, 2.0), (1.0, 1.0), (1.0, 4.0), (2.0, 2.0), (5.0, 1.0)])
+def test_sp_clt_is_exact_for_gaussians(mu, eps):
+  exact = norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * norm.cdf(-eps / mu - mu / 2)
+  comp = Composition.of((models.Gaussian(1.0 / mu), 1))
+  result = jaxacct.delta(comp, eps, accountant="spa")
+  assert float(result.estimate) == pytest.approx(exact, rel=1e-10)
+  assert float(result.upper) >= exact
+  assert not float(result.lower) > exact  # nan (vacuous) or a valid lower bound
+
+
+def test_sp_clt_is_exact_at_any_tilt():
+  cum = cgf.cumulants(Composition.of((models.Gaussian(1.0), 1)), 0.7)
+  log_clt = spa._terms(cum, 0.7, 1.0)["clt"]
+  assert math.exp(float(log_clt)) == pytest.approx(1.269367375066e-01, rel=1e-11)
+
+
+@pytest.mark.parametrize("mu,eps,msd0,msd1", [(0.5, 2.0, 9.414483e-06, 9.441933e-06),
+                                              (1.0, 4.0, 4.698982e-05, 4.713854e-05),
+                                              (5.0, 1.0, 9.260347e-01, 9.488801e-01)])
+def test_msd_estimates_match_digest(mu, eps, msd0, msd1):
+  comp = Composition.of((models.Gaussian(1.0 / mu), 1))
+  assert float(jaxacct.delta(comp, eps, accountant="spa", method="msd0").estimate) == pytest.approx(msd0, rel=1e-6)
+  assert float(jaxacct.delta(comp, eps, accountant="spa", method="msd1").estimate) == pytest.approx(msd1, rel=1e-6)
+
+
+# seed_004.md section 8.1: q = 0.01, sigma = 2, delta = 1e-15: (n, truth, SP-CLT, bracket).
+EPS_TABLE = [(1983, 1.8972713966, 1.8972640259, 1.874480, 1.910899),
+             (3048, 2.34648478669, 2.3464788020, 2.326457, 2.359971),
+             (4500, 2.8514636235, 2.8514584146, 2.833030, 2.864891)]
+
+
+@pytest.mark.parametrize("n,truth,clt,lo,hi", EPS_TABLE)
+def test_epsilon_reproduces_digest_and_brackets_truth(n, truth, clt, lo, hi):
+  result = jaxacct.epsilon(_sgd(0.01, 2.0, n), 1e-15, accountant="spa")
+  assert float(result.estimate) == pytest.approx(clt, rel=1e-8)
+  assert float(result.lower) == pytest.approx(lo, abs=2e-6)
+  assert float(result.upper) == pytest.approx(hi, abs=2e-6)
+  assert float(result.lower) <= truth <= float(result.upper)
+
+
+# seed_004.md section 8.2 (delta(eps), q = 0.01, sigma = 2, n = 3000) and 8.5 (Laplace).
+@pytest.mark.parametrize("comp,eps,truth,clt", [
+    (_sgd(0.01, 2.0, 3000), 0.5, 6.8162718086e-03, 6.8072885254e-03),
+    (_sgd(0.01, 2.0, 3000), 2.0, 1.9557572051e-12, 1.9553973525e-12),
+    (_sgd(0.01, 2.0, 3000), 3.0, 9.4518016510e-24, 9.4506345180e-24),
+    (Composition.of((models.Laplace(10.0), 500)), 4.0, 0.139904792362, 0.14002856744),
+    (Composition.of((models.Laplace(2.0), 100)), 25.0, 3.06318116483e-4, 3.0773765161e-04),
+])
+def test_delta_reproduces_digest_and_brackets_truth(comp, eps, truth, clt):
+  result = jaxacct.delta(comp, eps, accountant="spa")
+  assert float(result.estimate) == pytest.approx(clt, rel=1e-8)
+  assert float(result.upper) >= truth
+  assert not float(result.lower) > truth
+
+
+@pytest.mark.parametrize("q,sigma,steps,delta", [(0.01, 2.0, 3000, 1e-5), (0.05, 1.5, 500, 1e-8),
+                                                 (1e-3, 0.8, 100000, 1e-6), (0.2, 5.0, 200, 1e-10)])
+def test_certified_bounds_bracket_the_pld_accountant(q, sigma, steps, delta):
+  """Finite SPA bounds bracket the certified PLD bracket's interior (both directions)."""
+  ours = jaxacct.epsilon(_sgd(q, sigma, steps), delta, accountant="spa")
+  ref = jaxacct.dpsgd_epsilon(sigma, q, steps, delta)
+  assert float(ours.upper) >= float(ref.lower)
+  if not math.isnan(float(ours.lower)):
+    assert float(ours.lower) <= float(ref.upper)
+  # Outside its reliable regime (flagged in the status) the estimate can be a few percent off.
+  reliable = not int(ours.status) & results.UNRELIABLE
+  tolerance = (2e-3 if reliable else 5e-2) * max(1.0, float(ref.estimate))
+  assert abs(float(ours.estimate) - float(ref.estimate)) <= tolerance
+
+
+def test_known_failure_regime_is_flagged():
+  """seed_004.md section 8.3: q = 0.01, sigma = 1, n = 1000 is ~1.4% non-conservative."""
+  ours = jaxacct.epsilon(_sgd(0.01, 1.0, 1000), 1e-5, accountant="spa")
+  assert int(ours.status) & results.UNRELIABLE
+  assert float(ours.estimate) < 1.8282366665 < float(ours.upper)
+
+
+def test_jit_vmap_and_grad():
+  comp = lambda s: _sgd(0.01, s, 3000)
+  f = lambda s, m="clt": jaxacct.epsilon(comp(s), 1e-5, accountant="spa", method=m).estimate
+  sigmas = jnp.linspace(1.5, 3.0, 3)
+  looped = np.array([float(f(s)) for s in sigmas])
+  np.testing.assert_allclose(jax.jit(jax.vmap(f))(sigmas), looped, rtol=1e-10)
+  # seed_004.md section 8.6: d eps / d sigma = -0.7101095180 at sigma = 2 (SP-MSD1).
+  msd1 = jax.jit(jax.grad(lambda s: f(s, "msd1")))
+  assert float(msd1(2.0)) == pytest.approx(-0.7101095180, rel=1e-6)
+  grad = jax.jit(jax.grad(f))
+  for s in (1.3, 2.7):
+    h = 1e-5 * s
+    fd = (float(f(s + h)) - float(f(s - h))) / (2 * h)
+    assert float(grad(s)) == pytest.approx(fd, rel=1e-4)
+
+
+def test_front_door_inputs():
+  comp = _sgd(0.01, 2.0, 3000)
+  with pytest.raises(ValueError, match="accountant"):
+    jaxacct.epsilon(comp, 1e-5, accountant="fft")
+  with pytest.raises(ValueError, match="method"):
+    jaxacct.epsilon(comp, 1e-5, accountant="spa", method="msd7")
+  with pytest.raises(ValueError, match="infinite cumulant"):
+    jaxacct.epsilon(Composition.of((models.EpsilonDelta(1.0, 1e-6), 3)), 1e-5, accountant="spa")
+  with pytest.raises(ValueError, match="delta"):
+    jaxacct.epsilon(comp, 1.5, accountant="spa")
+  # Real-valued counts: accepted by the CGF accountants, refused by the PLD accountant.
+  real = _sgd(0.01, 2.0, 2999.5)
+  with pytest.raises(ValueError, match="integers"):
+    jaxacct.epsilon(real, 1e-5)
+  between = float(jaxacct.epsilon(real, 1e-5, accountant="spa").estimate)
+  assert (float(jaxacct.epsilon(_sgd(0.01, 2.0, 2999), 1e-5, accountant="spa").estimate)
+          < between < float(jaxacct.epsilon(comp, 1e-5, accountant="spa").estimate))
+
+
+def test_cli_accountant_and_compare(capsys):
+  import json
+  from jaxacct import cli
+  assert cli.main(["epsilon", "--accountant", "spa", "--steps", "3000", "--noise-multiplier",
+                   "2", "--json"]) == 0
+  out = json.loads(capsys.readouterr().out)
+  assert out["accountant"] == "spa" and out["lower"] <= out["estimate"] <= out["upper"]
+  assert cli.main(["epsilon", "--accountant", "spa", "--method", "bad"]) == 2
+  assert "method" in capsys.readouterr().err
+  assert cli.main(["compare", "--steps", "3000", "--noise-multiplier", "2", "--json"]) == 0
+  rows = json.loads(capsys.readouterr().out)["results"]
+  by_name = {(r["accountant"], r["method"]): r for r in rows}
+  pld, spa_clt = by_name[("pld", "pld")], by_name[("spa", "clt")]
+  assert spa_clt["lower"] <= pld["upper"] and spa_clt["upper"] >= pld["lower"]
