@@ -23,8 +23,8 @@ STATUS_TEXT = {
     BELOW_FLOOR: "delta below the grid's numerical floor; upper is +inf",
     LOWER_VACUOUS: "lower bound vacuous (nan)",
     APPROXIMATION: "central-limit approximation: no certified bound (it can under-report epsilon)",
-    UNRELIABLE: "approximation outside its reliable regime (small saddle point, few steps or a "
-                "large correction term): the estimate may be off",
+    UNRELIABLE: "approximation outside its reliable regime (the tilted loss is far from "
+                "Gaussian): the estimate may be off by more than 1e-3 relative",
     OUT_OF_RANGE: "answer beyond the searched range of the method; upper is +inf",
 }
 
