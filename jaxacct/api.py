@@ -50,8 +50,13 @@ def _flatten_batch(tree, shape):
 
 
 def _chunk(plan: _pld.Plan, batch_size):
+  """Settings per vectorised chunk. On CPU one at a time: vectorising FFTs gains nothing there,
+  and a single setting keeps its runtime branch (the spectrum band, see pld._high_band), which
+  vmap would turn into computing both branches. Elsewhere as many as fit the memory budget."""
   if batch_size is not None:
     return int(batch_size)
+  if jax.default_backend() == "cpu":
+    return 1
   return int(max(1, min(64, _CHUNK_BYTES // (16 * 8 * plan.fft_size))))
 
 
@@ -59,7 +64,9 @@ def _mapped(single):
   """Applies ``single(composition, x, plan)`` to a flat batch in chunks of ``chunk`` (vmapped)."""
 
   def run(composition, x, plan, chunk):
-    return jax.lax.map(lambda args: single(*args, plan), (composition, x), batch_size=chunk)
+    # (batch_size=1 would still vmap, over a batch of one; a plain map is a loop.)
+    return jax.lax.map(lambda args: single(*args, plan), (composition, x),
+                       batch_size=chunk if chunk > 1 else None)
 
   return fast_jit(scoped_gradients(run, nondiff_argnums=(3,)), static_argnums=(3,))
 
