@@ -157,9 +157,13 @@ def _epsilon_direction(composition, delta, method, add):
   def one(field, which):  # lower (field 0), estimate (1), upper (2) and its safe bracket end
     residual = lambda x: curve(x)[0][field] - log_delta
     log_t, below, beyond = _decreasing_root(residual, grid_values[:, field] - log_delta, which)
-    _, eps, terms = curve(log_t)
+    values, eps, terms = curve(log_t)
+    # The returned point must be on its safe side (delta_upper <= target for the upper eps,
+    # delta_lower >= target for the lower), whatever the shape of the curve: else no bound.
+    gap = values[field] - log_delta
+    safe = below | jnp.where(which > 0, gap <= 0.0, jnp.where(which < 0, gap >= 0.0, True))
     # Only eps >= 0 matters: where the curve is already below the target at eps = 0, eps = 0.
-    return jnp.where(below | (eps < 0.0), 0.0, eps), beyond, terms["unreliable"]
+    return jnp.where(below | (eps < 0.0), 0.0, eps), beyond | ~safe, terms["unreliable"]
 
   eps, beyond, unreliable = jax.vmap(one)(jnp.arange(3), jnp.array([-1, 0, 1]))
   lower = jnp.where(beyond[0], jnp.nan, eps[0])
