@@ -8,7 +8,7 @@ Quick start::
     eps.lower, eps.estimate, eps.upper   # certified: lower <= true epsilon <= upper
 """
 
-from jaxacct import cgf, gdp, rdp, spa
+from jaxacct import cgf, edgeworth, gdp, rdp, spa
 from jaxacct.api import (ACCOUNTANTS, RELATIONS, compose, delta, dpsgd_composition, dpsgd_delta,
                          dpsgd_epsilon, dpsgd_plan, epsilon, make_plan)
 from jaxacct.composition import Composition
@@ -23,5 +23,5 @@ __all__ = [
     "ACCOUNTANTS", "Bounds", "Composition", "EpsilonDelta", "Gaussian", "Laplace", "Plan",
     "PoissonSampled", "PrivacyLoss", "PrivacyLossDistribution", "PureDP", "RELATIONS", "SampledGaussianReplaceOne",
     "compose", "delta", "dpsgd_composition", "dpsgd_delta", "dpsgd_epsilon", "dpsgd_plan",
-    "epsilon", "make_plan", "cgf", "gdp", "rdp", "spa",
+    "epsilon", "make_plan", "cgf", "edgeworth", "gdp", "rdp", "spa",
 ]

@@ -155,6 +155,25 @@ def implicit_root(fn, solve, initial_guess):
   return jax.lax.custom_root(fn, initial_guess, solve, lambda g, y: y / g(1.0))
 
 
+def bracketed_root(residual, lo, hi, iters, which=0):
+  """Root of a decreasing scalar ``residual`` in [lo, hi] (safeguarded Newton from the midpoint),
+  differentiated implicitly.
+
+  ``which`` picks what is returned: 0 the Newton point; +1 the bracket end where residual <= 0,
+  -1 the end where residual >= 0 (a point whose sign was evaluated: the safe ends for upper and
+  lower bounds). May be traced.
+  """
+
+  # Forward mode: one tangent for a scalar function is cheaper than a reverse pass.
+  value_and_slope = lambda x: jax.jvp(residual, (x,), (jnp.ones_like(x),))
+
+  def solve(_, __):
+    x, a, b = newton_in_bracket(value_and_slope, lo, hi, 0.5 * (lo + hi), iters)
+    return jnp.where(which > 0, b, jnp.where(which < 0, a, x))
+
+  return implicit_root(residual, solve, jnp.zeros(()))
+
+
 def check_range(name, value, low, high, low_open=True, high_open=True):
   """Raises ValueError naming ``name`` unless every concrete entry lies in the interval (no-op
   under tracing, where values are unknown)."""

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxacct import cgf as _cgf
+from jaxacct import edgeworth as _edgeworth
 from jaxacct import gdp as _gdp
 from jaxacct import pld as _pld
 from jaxacct import rdp as _rdp
@@ -25,9 +26,10 @@ from jaxacct.results import WINDOW_TOO_SMALL, Bounds
 
 RELATIONS = ("add_remove", "replace_one")
 # accountant -> (module with epsilon/delta functions, its methods; the first is the default).
-# "pld" is the certified FFT accountant (pld.py); "spa" reads the cumulant generating function
-# (run here); "rdp" and "gdp" are their modules' own checked, batched functions.
+# "pld" is the certified FFT accountant (pld.py); "spa" and "edgeworth" read the cumulant
+# generating function (run here); "rdp" and "gdp" are their modules' own checked, batched functions.
 ACCOUNTANTS = {"pld": (None, ("pld",)), "spa": (_spa, _spa.METHODS),
+               "edgeworth": (_edgeworth, _edgeworth.METHODS),
                "rdp": (_rdp, ("optimal_order",)), "gdp": (_gdp, ("mu",))}
 # Peak memory of one batch element is ~ 16 arrays of N float64 values; chunks stay under this.
 _CHUNK_BYTES = 1 << 28
@@ -129,7 +131,7 @@ def _run_cgf(accountant, quantity, composition, x, method):
   if method not in methods:
     raise ValueError(f"method for accountant {accountant!r} must be one of {methods}; "
                      f"got {method!r}")
-  if accountant != "spa":
+  if accountant not in ("spa", "edgeworth"):
     return getattr(module, quantity)(composition, x)
   _cgf.check_cgf(composition)
   key = (accountant, quantity)
@@ -195,9 +197,12 @@ def epsilon(composition, delta, *, accountant="pld", method=None, eps_error=0.01
     delta: target delta in (0, 1) (scalar or array, broadcast with the composition).
     accountant: "pld" (certified FFT accountant, the default); "spa" (saddle point: constant
       time in the step count; certified bounds from its Berry-Esseen error, nan where vacuous);
+      "edgeworth" (Edgeworth series: constant time; certified bounds from the first-order
+      series' error bound, often vacuous below ~1e5 steps);
       "rdp" (Renyi DP at the best continuous order: an upper bound only); "gdp" (Gaussian DP:
       exact for Gaussian steps, a central-limit estimate without bounds for subsampled ones).
-    method: the accountant's estimate; for "spa" one of "clt" (default), "msd0", "msd1".
+    method: the accountant's estimate; for "spa" one of "clt" (default), "msd0", "msd1"; for
+      "edgeworth" the series order "order2" (default), "order1", "order3".
     eps_error: target half-width of the certified bracket (upper - lower ~ 2 eps_error).
     delta_error: the lower bound's delta slack, as a fraction of delta.
     plan: a ``Plan`` (required under jit/vmap/grad); planned for the worst case if omitted.

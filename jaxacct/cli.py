@@ -44,7 +44,8 @@ def _parser() -> argparse.ArgumentParser:
       cmd.add_argument("--accountant", choices=_ACCOUNTANTS, default="pld",
                        help="pld (certified FFT, default), spa (saddle point), edgeworth, gdp, rdp")
       cmd.add_argument("--method", default=None,
-                       help="the accountant's estimate, e.g. clt|msd0|msd1 for spa")
+                       help="the accountant's estimate: clt|msd0|msd1 for spa, "
+                            "order1|order2|order3 for edgeworth")
     cmd.add_argument("--json", action="store_true", help="print one JSON object on stdout")
   return parser
 

@@ -17,6 +17,7 @@ LOWER_VACUOUS = 4      # no useful lower bound (reported as nan)
 APPROXIMATION = 8      # an approximation without certified bounds (lower and upper are nan)
 UNRELIABLE = 16        # an approximation outside the regime where it is known to be accurate
 OUT_OF_RANGE = 32      # the answer lies beyond the range the method searches: upper is +inf
+UPPER_VACUOUS = 64     # the method's error bound is too large for a finite bound (epsilon: +inf)
 
 STATUS_TEXT = {
     WINDOW_TOO_SMALL: "composed loss wider than the grid window; bounds widened",
@@ -26,6 +27,8 @@ STATUS_TEXT = {
     UNRELIABLE: "approximation outside its reliable regime (the tilted loss is far from "
                 "Gaussian): the estimate may be off by more than 1e-3 relative",
     OUT_OF_RANGE: "answer beyond the searched range of the method; upper is +inf",
+    UPPER_VACUOUS: "upper bound vacuous (the method's error bound is not below delta): "
+                   "epsilon's upper is +inf, delta's upper is 1",
 }
 
 

@@ -27,8 +27,8 @@ import numpy as np
 from jax.scipy.special import log_ndtr
 
 from jaxacct import results
-from jaxacct._numerics import implicit_root, newton_in_bracket
-from jaxacct.cgf import cumulants
+from jaxacct._numerics import bracketed_root
+from jaxacct.cgf import cumulants, worst_direction
 from jaxacct.composition import Composition
 from jaxacct.results import Bounds
 
@@ -106,13 +106,7 @@ def _decreasing_root(residual, grid_values, which):
   above_target = jnp.sum(grid_values >= 0.0)  # the residual is decreasing: a prefix
   i = jnp.clip(above_target - 1, 0, grid.shape[0] - 2)
 
-  def solve(_, __):
-    lo, hi = grid[i], grid[i + 1]
-    x, a, b = newton_in_bracket(jax.value_and_grad(residual), lo, hi, 0.5 * (lo + hi),
-                                _NEWTON_STEPS)
-    return jnp.where(which > 0, b, jnp.where(which < 0, a, x))
-
-  x = implicit_root(residual, solve, jnp.zeros(()))
+  x = bracketed_root(residual, grid[i], grid[i + 1], _NEWTON_STEPS, which)
   return x, above_target == 0, above_target == grid.shape[0]
 
 
@@ -174,25 +168,15 @@ def _epsilon_direction(composition, delta, method, add):
   return Bounds(lower, eps[1], upper, status.astype(jnp.int32))
 
 
-def _worst(composition, fn, arg, method):
-  """``fn`` for each adjacency direction (vmapped over the flag), the worse guarantee kept."""
-  flags = jnp.array([0.0] if composition.symmetric else [0.0, 1.0])
-  per_direction = jax.vmap(lambda add: fn(composition, arg, method, add))(flags)
-  out = jax.tree_util.tree_map(lambda x: x[0], per_direction)
-  for i in range(1, flags.shape[0]):
-    out = results.worst_of(out, jax.tree_util.tree_map(lambda x: x[i], per_direction))
-  return out
-
-
 def delta(composition: Composition, eps, method="clt") -> Bounds:
   """delta(eps) by the saddle-point accountant (pure; vectorised over ``eps``)."""
   eps = jnp.asarray(eps, jnp.float64)
-  one = lambda e: _worst(composition, _delta_direction, e, method)
+  one = lambda e: worst_direction(composition, _delta_direction, e, method)
   return jnp.vectorize(one, signature="()->()")(eps) if eps.ndim else one(eps)
 
 
 def epsilon(composition: Composition, delta_, method="clt") -> Bounds:
   """eps(delta) by the saddle-point accountant (pure; vectorised over ``delta_``)."""
   delta_ = jnp.asarray(delta_, jnp.float64)
-  one = lambda d: _worst(composition, _epsilon_direction, d, method)
+  one = lambda d: worst_direction(composition, _epsilon_direction, d, method)
   return jnp.vectorize(one, signature="()->()")(delta_) if delta_.ndim else one(delta_)
