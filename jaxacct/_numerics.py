@@ -78,18 +78,20 @@ _GL_PANELS = 128
 _GL_X, _GL_W = np.polynomial.legendre.leggauss(_GL_ORDER)
 
 
-def composite_nodes(lo, hi):
-  """Nodes and weights of the composite Gauss-Legendre rule on [lo, hi] (arrays, traceable)."""
-  width = (hi - lo) / _GL_PANELS
-  left = lo + width * jnp.arange(_GL_PANELS)
+def composite_nodes(lo, hi, panels=None):
+  """Nodes and weights of the composite Gauss-Legendre rule on [lo, hi] (arrays, traceable), with
+  ``panels`` panels (static; default _GL_PANELS)."""
+  panels = _GL_PANELS if panels is None else panels
+  width = (hi - lo) / panels
+  left = lo + width * jnp.arange(panels)
   x = left[:, None] + 0.5 * width * (1.0 + jnp.asarray(_GL_X))[None, :]
-  w = 0.5 * width * jnp.broadcast_to(jnp.asarray(_GL_W), (_GL_PANELS, _GL_ORDER))
+  w = 0.5 * width * jnp.broadcast_to(jnp.asarray(_GL_W), (panels, _GL_ORDER))
   return x.reshape(-1), w.reshape(-1)
 
 
-def standard_normal_nodes(lo, hi):
+def standard_normal_nodes(lo, hi, panels=None):
   """(log weight, u): a quadrature of N(0, 1) restricted to [lo, hi]."""
-  u, w = composite_nodes(lo, hi)
+  u, w = composite_nodes(lo, hi, panels)
   return jnp.log(w) - 0.5 * u * u - 0.5 * np.log(2.0 * np.pi), u
 
 

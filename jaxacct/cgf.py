@@ -61,8 +61,9 @@ def tilted_moments(log_weights, losses, t):
 
 
 def law_moments(model, t, add=False):
-  """``tilted_moments`` of one step's loss under e^{tL} dP / E_P e^{tL} for t in [-1, 0]: t = 0 is
-  the law under P, t = -1 the law under Q. Gaussian: closed form (L ~ N(mu^2 (t + 1/2), mu^2))."""
+  """``tilted_moments`` of one step's loss under e^{tL} dP / E_P e^{tL}, for each tilt in the
+  array ``t`` (within [-1, 0]; t = 0 is the law under P, t = -1 the law under Q), stacked along
+  the last axis. Gaussian: closed form (L ~ N(mu^2 (t + 1/2), mu^2))."""
   t = jnp.asarray(t, jnp.float64)
   if isinstance(model, models.Gaussian):
     mu = model.sensitivity / model.sigma
@@ -70,26 +71,41 @@ def law_moments(model, t, add=False):
     zero = jnp.zeros_like(s)
     return jnp.stack([mu * mu * (t + 0.5), s * s, zero, zero, zero, math.sqrt(2.0 / math.pi) * s,
                       2.0 * math.sqrt(2.0 / math.pi) * s ** 3, 3.0 * s ** 4])
-  # Every model's nodes at tilt 0 cover both P's and Q's bulk (see models.PrivacyLoss).
-  out = tilted_moments(*model.loss_nodes(jnp.zeros(()), add), t)
+  # Every model's nodes at tilt 0 cover both P's and Q's bulk (see models.PrivacyLoss): one set
+  # of nodes serves every tilt asked for.
+  nodes = model.loss_nodes(jnp.zeros(()), add)
+  out = jax.vmap(lambda tilt: tilted_moments(*nodes, tilt), out_axes=-1)(t.reshape(-1))
+  out = out.reshape(out.shape[:1] + t.shape)
   return jnp.where(model.inf_mass(add) > 0.0, jnp.inf, out)
 
 
-def step_cumulants(model, t, add=False):
-  """(K, K', K'', K''', K'''', rho) of one step of ``model`` at tilt t, direction ``add``."""
+def step_cumulants(model, t, add=False, nodes=None):
+  """(K, K', K'', K''', K'''', rho) of one step of ``model`` at tilt t, direction ``add``, from
+  the model's nodes at t or from ``nodes`` (``tilt_nodes``: reusable across tilts)."""
   t = jnp.asarray(t, jnp.float64)
   if isinstance(model, models.Gaussian):
     return _gaussian_cumulants(model.sensitivity / model.sigma, t)
-  out = tilted_cumulants(*model.loss_nodes(t, add), t)
+  out = tilted_cumulants(*(model.loss_nodes(t, add) if nodes is None else nodes), t)
   # Mass at L = +inf ((epsilon, delta)-DP): K = +inf for t > 0 (check_cgf refuses it).
   return jnp.where(model.inf_mass(add) > 0.0, jnp.inf, out)
 
 
-def cumulants(composition: Composition, t, add=False):
-  """Sum over entries of count x step cumulants (real counts allowed)."""
+def tilt_nodes(composition: Composition, t_low, t_high, add=False, panels=None):
+  """Per entry, quadrature nodes valid for every tilt in [t_low, t_high] (None where a closed
+  form is used): computed once, they make each further ``cumulants`` call a cheap reweighting.
+  ``panels`` (static) sets the rule's size; fewer panels give a cheaper, coarser K."""
+  return tuple(None if isinstance(mech, models.Gaussian)
+               else mech.loss_nodes(t_low, add, t_high=t_high, panels=panels)
+               for mech in composition.mechanisms)
+
+
+def cumulants(composition: Composition, t, add=False, nodes=None):
+  """Sum over entries of count x step cumulants (real counts allowed); ``nodes`` from
+  ``tilt_nodes`` (covering t) or None for each model's own nodes at t."""
+  nodes = (None,) * len(composition.mechanisms) if nodes is None else nodes
   total = 0.0
-  for mech, count in zip(composition.mechanisms, composition.counts):
-    total = total + jnp.asarray(count, jnp.float64) * step_cumulants(mech, t, add)
+  for mech, count, own in zip(composition.mechanisms, composition.counts, nodes):
+    total = total + jnp.asarray(count, jnp.float64) * step_cumulants(mech, t, add, own)
   return total
 
 

@@ -68,14 +68,14 @@ _PHI0 = 1.0 / math.sqrt(2.0 * math.pi)
 # ---------------------------------------------------------------- the composed laws
 
 
-def _law(composition, t, add):
-  """Summed moments of the composed loss under the law tilted by t (0: P, -1: Q): the cumulants
-  k1..k5 and what the error bounds read (n, K3, Ktilde3, K4, lambda3 as Derumigny et al. define
-  them: averages over steps standardised by the average variance)."""
+def _laws_of(composition, add):
+  """Summed moments of the composed loss under P and under Q (tilts 0 and -1 of the CGF): the
+  cumulants k1..k5 and what the error bounds read (n, K3, Ktilde3, K4, lambda3 as Derumigny et
+  al. define them: averages over steps standardised by the average variance)."""
   n, k, abs1_k2, abs3, cen4 = 0.0, 0.0, 0.0, 0.0, 0.0
   for mech, count in zip(composition.mechanisms, composition.counts):
     count = jnp.asarray(count, jnp.float64)
-    m = law_moments(mech, t, add)
+    m = law_moments(mech, jnp.array([0.0, -1.0]), add)  # shape (8, 2): P, Q
     abs1 = jnp.minimum(m[5] * (1.0 + _ABS1_SLACK), jnp.sqrt(m[1]))
     n = n + count
     k = k + count * m[:5]
@@ -84,8 +84,10 @@ def _law(composition, t, add):
     cen4 = cen4 + count * m[7] * (1.0 + _ABS34_SLACK)
   b = jnp.sqrt(k[1])
   k3 = abs3 * jnp.sqrt(n) / b ** 3
-  return dict(k=k, n=n, K3=k3, Kt3=k3 + abs1_k2 * jnp.sqrt(n) / b ** 3, K4=cen4 * n / b ** 4,
-              lam3=k[2] * jnp.sqrt(n) / b ** 3)
+  both = dict(k=k, n=n + jnp.zeros(2), K3=k3, Kt3=k3 + abs1_k2 * jnp.sqrt(n) / b ** 3,
+              K4=cen4 * n / b ** 4, lam3=k[2] * jnp.sqrt(n) / b ** 3)
+  pick = lambda i: {name: value[..., i] for name, value in both.items()}
+  return pick(0), pick(1)
 
 
 # ---------------------------------------------------------------- the series
@@ -222,7 +224,7 @@ def cdf_error(law, iid):
 def _laws(composition, add):
   """(law under P, law under Q, their CDF error bounds) of the composed loss, direction ``add``."""
   iid = len(composition.mechanisms) == 1
-  under_p, under_q = _law(composition, 0.0, add), _law(composition, -1.0, add)
+  under_p, under_q = _laws_of(composition, add)
   return under_p, under_q, cdf_error(under_p, iid), cdf_error(under_q, iid)
 
 

@@ -15,9 +15,11 @@ both directions share one compiled program):
 * ``inf_mass()``: P(L = +inf).
 * ``loss_range(log_tail)``: an interval holding all but exp(log_tail) of the finite loss mass
   under P and under Q (used to place grids, never to certify).
-* ``loss_nodes(t)``: (log weights under P, loss values), a quadrature of the finite part of L's
-  law that is accurate for integrands concentrated where e^{tL} dP is (the cumulant generating
-  function and its derivatives are read from it, see ``jaxacct.cgf``).
+* ``loss_nodes(t, t_high=None, panels=None)``: (log weights under P, loss values), a quadrature
+  of the finite part of L's law that is accurate for integrands concentrated where e^{sL} dP is,
+  for every tilt s in [t, t_high] (default t_high = t; ``panels`` is the static size of the
+  composite Gauss-Legendre rule). The cumulant generating function and its derivatives are read
+  from it, see ``jaxacct.cgf``.
 
 Models whose pair is the same in both directions set ``symmetric = True``.
 """
@@ -89,14 +91,14 @@ class PrivacyLoss:
   def loss_range(self, log_tail, add=False):
     raise NotImplementedError
 
-  def loss_nodes(self, t, add=False):
+  def loss_nodes(self, t, add=False, t_high=None, panels=None):
     raise ValueError(f"{type(self).__name__} has no cumulant generating function")
 
-  def base_nodes(self, t, add=False):
+  def base_nodes(self, t, add=False, t_high=None, panels=None):
     """Nodes of this model's (remove-direction) loss Z under P, as the base of a Poisson-
-    subsampled step tilted by t: they must cover P's bulk, Q's bulk (dQ = e^{-Z} dP) and where
-    the subsampled direction's tilted integrand peaks."""
-    return self.loss_nodes(t)
+    subsampled step tilted by t (up to t_high): they must cover P's bulk, Q's bulk
+    (dQ = e^{-Z} dP) and where the subsampled direction's tilted integrand peaks."""
+    return self.loss_nodes(t, t_high=t_high, panels=panels)
 
   def check(self):
     """Raises ValueError on invalid concrete parameters (no-op under tracing)."""
@@ -129,18 +131,19 @@ class Gaussian(PrivacyLoss):
     z = jnp.sqrt(-2.0 * log_tail)
     return -0.5 * mu * mu - z * mu, 0.5 * mu * mu + z * mu
 
-  def loss_nodes(self, t, add=False):
-    return self.base_nodes(t)
+  def loss_nodes(self, t, add=False, t_high=None, panels=None):
+    return self.base_nodes(t, t_high=t_high, panels=panels)
 
-  def base_nodes(self, t, add=False):
+  def base_nodes(self, t, add=False, t_high=None, panels=None):
     # Z = mu u + mu^2/2 with u ~ N(0, 1) under P; Q's bulk is at u = -mu. Subsampled, the remove
     # integrand peaks near u = t mu; the add one, e^{-t f(Z)} dQ, drifts left to about
     # u = -log(1 + t) / mu where t q e^Z stops mattering.
     mu = self._mu()
-    left = jnp.where(add, -jnp.log1p(jnp.maximum(t, 0.0)) / mu, t * mu)
-    right = jnp.where(add, 0.0, t * mu)
+    t_high = t if t_high is None else t_high
+    left = jnp.where(add, -jnp.log1p(jnp.maximum(t_high, 0.0)) / mu, t * mu)
+    right = jnp.where(add, 0.0, t_high * mu)
     log_w, u = standard_normal_nodes(jnp.minimum(-mu, left) - _REACH,
-                                     jnp.maximum(0.0, right) + _REACH)
+                                     jnp.maximum(0.0, right) + _REACH, panels)
     return log_w, mu * u + 0.5 * mu * mu
 
 
@@ -175,11 +178,11 @@ class Laplace(PrivacyLoss):
     e0 = self.sensitivity / self.scale
     return -e0, e0
 
-  def loss_nodes(self, t, add=False):
+  def loss_nodes(self, t, add=False, t_high=None, panels=None):
     # Atoms at e0 (P-mass 1/2) and -e0 (e^{-e0}/2); density e^{(l - e0)/2}/4 in between
     # (analytic, so Gauss-Legendre is exact to rounding). Valid for every tilt.
     e0 = self.sensitivity / self.scale
-    x, w = composite_nodes(-e0, e0)
+    x, w = composite_nodes(-e0, e0, panels)
     log_w = jnp.log(w) + 0.5 * (x - e0) - np.log(4.0)
     return (jnp.concatenate([log_w, jnp.stack([-np.log(2.0), -e0 - np.log(2.0)])]),
             jnp.concatenate([x, jnp.stack([e0, -e0])]))
@@ -219,7 +222,7 @@ class EpsilonDelta(PrivacyLoss):
   def loss_range(self, log_tail, add=False):
     return -self.epsilon, self.epsilon
 
-  def loss_nodes(self, t, add=False):
+  def loss_nodes(self, t, add=False, t_high=None, panels=None):
     # The finite part only; the delta atom at +inf makes K infinite (see jaxacct.cgf).
     eps = self.epsilon
     log_finite = jnp.log1p(-self.delta)
@@ -303,10 +306,10 @@ class PoissonSampled(PrivacyLoss):
     hi = subsampled_loss(hi_b, q)
     return jnp.where(add, -hi, lo), jnp.where(add, -lo, hi)
 
-  def loss_nodes(self, t, add=False):
+  def loss_nodes(self, t, add=False, t_high=None, panels=None):
     # remove: L = f(Z) under q B1 + (1-q) B0 = e^{f(Z) - Z} dB1; add: L = -f(Z) under
     # B0 = e^{-Z} dB1. For large Z the remove integrand grows like e^{t Z} dB1; the add one decays.
-    log_w, z = self.base.base_nodes(t, add)
+    log_w, z = self.base.base_nodes(t, add, t_high, panels)
     f = subsampled_loss(z, self.rate)
     return log_w - z + jnp.where(add, 0.0, f), jnp.where(add, -f, f)
 
@@ -375,12 +378,13 @@ class SampledGaussianReplaceOne(PrivacyLoss):
     x_edge = s + z * sig
     return loss_at(x_edge), loss_at(-x_edge)
 
-  def loss_nodes(self, t, add=False):
+  def loss_nodes(self, t, add=False, t_high=None, panels=None):
     # In u = x / sigma: log densities of the two mixtures; P^{1+t} Q^{-t} peaks near u = -(1+t) mu.
     mu = self.sensitivity / self.sigma
     q = self.rate
     log1mq = _log1m_rate(q)
-    log_w, u = standard_normal_nodes(-(1.0 + t) * mu - _REACH, mu + _REACH)
+    t_high = t if t_high is None else t_high
+    log_w, u = standard_normal_nodes(-(1.0 + t_high) * mu - _REACH, mu + _REACH, panels)
     log_p = jnp.logaddexp(jnp.log(q) - mu * u - 0.5 * mu * mu, log1mq)  # relative to N(0, 1)
     log_q = jnp.logaddexp(jnp.log(q) + mu * u - 0.5 * mu * mu, log1mq)
     return log_w + log_p, log_p - log_q

@@ -28,7 +28,7 @@ from jax.scipy.special import log_ndtr
 
 from jaxacct import results
 from jaxacct._numerics import bracketed_root
-from jaxacct.cgf import cumulants, worst_direction
+from jaxacct.cgf import cumulants, tilt_nodes, worst_direction
 from jaxacct.composition import Composition
 from jaxacct.results import Bounds
 
@@ -37,7 +37,12 @@ _TWO_C = 1.12  # twice the Berry-Esseen constant for non-identical summands (She
 # Tilts are searched on this log-spaced grid over [1e-8, 1e3] (the CGF quadrature covers these
 # tilts), then refined by Newton inside the grid cell that holds the root.
 _LOG_T_GRID = np.linspace(math.log(1e-8), math.log(1e3), 33)
-_NEWTON_STEPS = 14
+_NEWTON_STEPS = 24
+# The scan reads K from a coarse rule (_SCAN_PANELS x 16 nodes): it only has to find the grid
+# cell of the root. The refinement spans that cell and its two neighbours (a coarse sign error
+# next to a grid point moves the root by at most one cell) with the full rule on one node set
+# for the whole bracket, so each Newton step is a cheap reweighting.
+_SCAN_PANELS = 32
 # Relative slack added to the error bound for the quadrature error of K (per unit of count).
 _QUADRATURE_SLACK = 1e-12
 
@@ -87,35 +92,44 @@ def _log_bounds(terms, method, count):
   return lower, terms[method], upper
 
 
-def _phi_prime(composition, log_t, eps, add):
+def _scan_nodes(composition, log_t, add):
   t = jnp.exp(log_t)
-  _, k1, k2, *_ = cumulants(composition, t, add)
+  return tilt_nodes(composition, t, t, add, panels=_SCAN_PANELS)
+
+
+def _phi_prime(composition, log_t, eps, add, nodes=None):
+  t = jnp.exp(log_t)
+  _, k1, k2, *_ = cumulants(composition, t, add, nodes)
   return k1 - eps - 1.0 / t - 1.0 / (1.0 + t), k2 + t ** -2 + (1.0 + t) ** -2
 
 
-def _decreasing_root(residual, grid_values, which):
-  """Root in x = log t of a decreasing ``residual``, given its values on _LOG_T_GRID: the grid
-  cell where it changes sign, then safeguarded Newton in that cell (implicit gradients).
+def _decreasing_root(make_residual, grid_values, which, composition, add):
+  """Root in x = log t of a decreasing residual, given its (coarse) values on _LOG_T_GRID: the
+  grid cell where it changes sign, then safeguarded Newton on that cell and its neighbours
+  (implicit gradients) with ``make_residual(nodes)`` read from one node set for the bracket.
 
   ``which`` picks the result: 0 the Newton point, +1 the bracket end where residual <= 0, -1 the
   end where residual >= 0 (the safe ends for upper and lower bounds). Also returns whether a sign
   change lies inside the grid at all (``below``: residual <= 0 at the first point; ``above``:
-  residual >= 0 at the last point).
+  residual >= 0 at the last point), and the node set of the bracket.
   """
   grid = jnp.asarray(_LOG_T_GRID)
   above_target = jnp.sum(grid_values >= 0.0)  # the residual is decreasing: a prefix
   i = jnp.clip(above_target - 1, 0, grid.shape[0] - 2)
-
-  x = bracketed_root(residual, grid[i], grid[i + 1], _NEWTON_STEPS, which)
-  return x, above_target == 0, above_target == grid.shape[0]
+  lo, hi = grid[jnp.maximum(i - 1, 0)], grid[jnp.minimum(i + 2, grid.shape[0] - 1)]
+  nodes = tilt_nodes(composition, jnp.exp(lo), jnp.exp(hi), add)
+  x = bracketed_root(make_residual(nodes), lo, hi, _NEWTON_STEPS, which)
+  return x, above_target == 0, above_target == grid.shape[0], nodes
 
 
 def saddle_point(composition: Composition, eps, add=False):
   """log t0, the root of K'(t) = eps + 1/t + 1/(1+t) (implicit gradients), and whether it lies
   inside the searched range."""
-  residual = lambda log_t: -_phi_prime(composition, log_t, eps, add)[0]
-  values = jax.vmap(residual)(jnp.asarray(_LOG_T_GRID))
-  log_t, _, beyond = _decreasing_root(residual, jax.lax.stop_gradient(values), 0)
+  residual = lambda nodes: (lambda x: -_phi_prime(composition, x, eps, add, nodes)[0])
+  values = jax.vmap(lambda x: residual(_scan_nodes(composition, x, add))(x))(
+      jnp.asarray(_LOG_T_GRID))
+  log_t, _, beyond, _ = _decreasing_root(residual, jax.lax.stop_gradient(values), 0,
+                                         composition, add)
   return log_t, ~beyond
 
 
@@ -131,11 +145,11 @@ def _delta_direction(composition, eps, method, add):
   return Bounds(jnp.exp(lower), jnp.exp(estimate), jnp.exp(upper), status.astype(jnp.int32))
 
 
-def _curve_point(composition, log_t, method, add):
+def _curve_point(composition, log_t, method, add, nodes=None):
   """(log lower, log estimate, log upper) of delta at the point eps(t) of the saddle curve,
   eps(t) = K'(t) - 1/t - 1/(1+t) (t is the saddle point of eps(t) by construction)."""
   t = jnp.exp(log_t)
-  cum = cumulants(composition, t, add)
+  cum = cumulants(composition, t, add, nodes)
   eps = cum[1] - 1.0 / t - 1.0 / (1.0 + t)
   terms = _terms(cum, t, eps)
   lower, estimate, upper = _log_bounds(terms, method, _count(composition))
@@ -145,17 +159,25 @@ def _curve_point(composition, log_t, method, add):
 
 def _epsilon_direction(composition, delta, method, add):
   log_delta = jnp.log(delta)
-  curve = lambda x: _curve_point(composition, x, method, add)
-  grid_values = jax.lax.stop_gradient(jax.vmap(curve)(jnp.asarray(_LOG_T_GRID))[0])
+  curve = lambda x, nodes=None: _curve_point(composition, x, method, add, nodes)
+  scan = lambda x: curve(x, _scan_nodes(composition, x, add))[0]
+  grid_values = jax.lax.stop_gradient(jax.vmap(scan)(jnp.asarray(_LOG_T_GRID)))
 
   def one(field, which):  # lower (field 0), estimate (1), upper (2) and its safe bracket end
-    residual = lambda x: curve(x)[0][field] - log_delta
-    log_t, below, beyond = _decreasing_root(residual, grid_values[:, field] - log_delta, which)
-    values, eps, terms = curve(log_t)
+    residual = lambda nodes: (lambda x: curve(x, nodes)[0][field] - log_delta)
+    log_t, below, beyond, nodes = _decreasing_root(
+        residual, grid_values[:, field] - log_delta, which, composition, add)
     # The returned point must be on its safe side (delta_upper <= target for the upper eps,
     # delta_lower >= target for the lower), whatever the shape of the curve: else no bound.
-    gap = values[field] - log_delta
-    safe = below | jnp.where(which > 0, gap <= 0.0, jnp.where(which < 0, gap >= 0.0, True))
+    on_safe_side = lambda gap: jnp.where(which > 0, gap <= 0.0, jnp.where(which < 0, gap >= 0.0,
+                                                                         True))
+    # The solver's evaluations and this one can round differently (by ~1e-14 in log delta): a
+    # bound's point first moves a hair (1e-12 relative in t) further to its safe side (delta
+    # falls as t grows).
+    nudge = which * 1e-12 * jnp.maximum(1.0, jnp.abs(log_t))
+    log_t = log_t + jax.lax.stop_gradient(nudge)
+    values, eps, terms = curve(log_t, nodes)  # the nodes the root was found on
+    safe = below | on_safe_side(values[field] - log_delta)
     # Only eps >= 0 matters: where the curve is already below the target at eps = 0, eps = 0.
     return jnp.where(below | (eps < 0.0), 0.0, eps), beyond | ~safe, terms["unreliable"]
 
