@@ -171,10 +171,11 @@ def _epsilon_direction(composition, delta, method, add):
     # delta_lower >= target for the lower), whatever the shape of the curve: else no bound.
     on_safe_side = lambda gap: jnp.where(which > 0, gap <= 0.0, jnp.where(which < 0, gap >= 0.0,
                                                                          True))
-    # The solver's evaluations and this one can round differently (by ~1e-14 in log delta): a
-    # bound's point first moves a hair (1e-12 relative in t) further to its safe side (delta
-    # falls as t grows).
-    nudge = which * 1e-12 * jnp.maximum(1.0, jnp.abs(log_t))
+    # The curve carries rounding noise (up to ~1e-10 in log delta at large T, from cancelling
+    # terms), so a bound's point first moves further to its safe side (delta falls as t grows)
+    # by what changes log delta by 1e-8: the bound loosens by ~1e-8 relative.
+    _, slope = jax.jvp(residual(nodes), (log_t,), (jnp.ones_like(log_t),))
+    nudge = which * jnp.clip(1e-8 / jnp.abs(slope), 1e-12, 1e-3)
     log_t = log_t + jax.lax.stop_gradient(nudge)
     values, eps, terms = curve(log_t, nodes)  # the nodes the root was found on
     safe = below | on_safe_side(values[field] - log_delta)
