@@ -30,13 +30,19 @@ from jaxacct.composition import Composition
 _MOMENT_PANELS = 48
 
 
-def tilted_cumulants(log_weights, losses, t):
-  """(K, K', K'', K''', K'''', rho) at tilt t of the discrete law sum_i w_i delta_{l_i}."""
+def _tilted(log_weights, losses, t):
+  """(K, tilted probabilities, mean, deviations from it) of sum_i w_i delta_{l_i} tilted by
+  e^{tl}."""
   a = log_weights + t * losses
   k = jax.nn.logsumexp(a)
   p = jnp.exp(a - k)
   mean = jnp.sum(p * losses)
-  d = losses - mean
+  return k, p, mean, losses - mean
+
+
+def tilted_cumulants(log_weights, losses, t):
+  """(K, K', K'', K''', K'''', rho) at tilt t of the discrete law sum_i w_i delta_{l_i}."""
+  k, p, mean, d = _tilted(log_weights, losses, t)
   m2, m3, m4 = jnp.sum(p * d * d), jnp.sum(p * d ** 3), jnp.sum(p * d ** 4)
   rho = jnp.sum(p * jnp.abs(d) ** 3)
   return jnp.stack([k, mean, m2, m3, m4 - 3.0 * m2 * m2, rho])
@@ -54,10 +60,7 @@ def tilted_moments(log_weights, losses, t):
   """(k1, k2, k3, k4, k5, E|d|, E|d|^3, E d^4) of the discrete law sum_i w_i delta_{l_i} tilted
   by e^{tl}: its first five cumulants and the absolute central moments (d = l - k1) that the
   Edgeworth error bounds read. Two-pass (central) moments keep tiny sampling rates exact."""
-  a = log_weights + t * losses
-  p = jnp.exp(a - jax.nn.logsumexp(a))
-  mean = jnp.sum(p * losses)
-  d = losses - mean
+  _, p, mean, d = _tilted(log_weights, losses, t)
   c2, c3, c4, c5 = (jnp.sum(p * d ** k) for k in (2, 3, 4, 5))
   return jnp.stack([mean, c2, c3, c4 - 3.0 * c2 * c2, c5 - 10.0 * c3 * c2,
                     jnp.sum(p * jnp.abs(d)), jnp.sum(p * jnp.abs(d) ** 3), c4])
@@ -130,7 +133,7 @@ def check_cgf(composition: Composition):
       raise ValueError(f"no cumulant generating function for {type(inner).__name__}")
 
 
-def worst_direction(composition: Composition, fn, arg, method):
+def _worst_direction(composition: Composition, fn, arg, method):
   """``fn(composition, arg, method, add)`` for each adjacency direction (vmapped over the flag;
   one direction for a symmetric composition), the worse guarantee kept (``results.worst_of``)."""
   flags = jnp.array([0.0] if composition.symmetric else [0.0, 1.0])
@@ -139,3 +142,11 @@ def worst_direction(composition: Composition, fn, arg, method):
   for i in range(1, flags.shape[0]):
     out = results.worst_of(out, jax.tree_util.tree_map(lambda x: x[i], per_direction))
   return out
+
+
+def worst_direction(composition: Composition, fn, x, method):
+  """The CGF accountants' query: ``_worst_direction`` at each entry of ``x`` (eps or delta, any
+  shape; vectorised), as float64 ``Bounds`` shaped like ``x``."""
+  x = jnp.asarray(x, jnp.float64)
+  one = lambda v: _worst_direction(composition, fn, v, method)
+  return jnp.vectorize(one, signature="()->()")(x) if x.ndim else one(x)

@@ -234,27 +234,21 @@ def _aea(eps, laws, order):
   return jnp.maximum(_scaled_tail(eps, kp, order, 0.0) - _scaled_tail(eps, kq, order, eps), 0.0)
 
 
-def _first_order_tails(eps, laws):
-  return (_scaled_tail(eps, laws[0]["k"], 1, 0.0), _scaled_tail(eps, laws[1]["k"], 1, 0.0),
-          jnp.exp(eps))
-
-
-def _upper(eps, laws):
-  """delta+(eps) = P~ + Delta_P - e^eps (Q~ - Delta_Q)_+, in [0, 1] (first-order tails P~, Q~)."""
-  tail_p, tail_q, scale = _first_order_tails(eps, laws)
-  return jnp.clip(tail_p + laws[2] - scale * jnp.maximum(tail_q - laws[3], 0.0), 0.0, 1.0)
-
-
-def _lower(eps, laws):
-  """delta-(eps) = P~ - Delta_P - e^eps min(Q~ + Delta_Q, 1)."""
-  tail_p, tail_q, scale = _first_order_tails(eps, laws)
-  return tail_p - laws[2] - scale * jnp.minimum(tail_q + laws[3], 1.0)
+def _interval(eps, laws):
+  """(delta+, delta-)(eps) from the first-order tails P~, Q~ and their error bounds Delta:
+  delta+ = P~ + Delta_P - e^eps (Q~ - Delta_Q)_+ in [0, 1] and
+  delta- = P~ - Delta_P - e^eps min(Q~ + Delta_Q, 1)."""
+  tail_p = _scaled_tail(eps, laws[0]["k"], 1, 0.0)
+  tail_q = _scaled_tail(eps, laws[1]["k"], 1, 0.0)
+  scale = jnp.exp(eps)
+  upper = jnp.clip(tail_p + laws[2] - scale * jnp.maximum(tail_q - laws[3], 0.0), 0.0, 1.0)
+  return upper, tail_p - laws[2] - scale * jnp.minimum(tail_q + laws[3], 1.0)
 
 
 def _curves(eps, laws, order):
   """(estimate, certified upper, certified lower) of delta at eps, before the monotone
   envelopes: the AEA of ``order``, delta+ and delta- of the first-order interval."""
-  return jnp.stack([_aea(eps, laws, order), _upper(eps, laws), _lower(eps, laws)])
+  return jnp.stack([_aea(eps, laws, order), *_interval(eps, laws)])
 
 
 def _grid(laws):
@@ -307,7 +301,8 @@ def _epsilon_direction(composition, delta, method, add):
   grid = _grid(laws)
   last = _SCAN - 1
   values = jax.lax.stop_gradient(jax.vmap(lambda e: _curves(e, laws, order))(grid)).T
-  curve = (lambda e: _aea(e, laws, order), lambda e: _upper(e, laws), lambda e: _lower(e, laws))
+  curve = (lambda e: _aea(e, laws, order), lambda e: _interval(e, laws)[0],
+           lambda e: _interval(e, laws)[1])
   residual = lambda field: (lambda e: _log_residual(curve[field](e), delta))
   index = jnp.arange(_SCAN)
 
@@ -348,13 +343,9 @@ def _epsilon_direction(composition, delta, method, add):
 
 def delta(composition: Composition, eps, method="order2") -> Bounds:
   """delta(eps) by the Edgeworth accountant (pure; vectorised over ``eps``)."""
-  eps = jnp.asarray(eps, jnp.float64)
-  one = lambda e: worst_direction(composition, _delta_direction, e, method)
-  return jnp.vectorize(one, signature="()->()")(eps) if eps.ndim else one(eps)
+  return worst_direction(composition, _delta_direction, eps, method)
 
 
 def epsilon(composition: Composition, delta_, method="order2") -> Bounds:
   """eps(delta) by the Edgeworth accountant (pure; vectorised over ``delta_``)."""
-  delta_ = jnp.asarray(delta_, jnp.float64)
-  one = lambda d: worst_direction(composition, _epsilon_direction, d, method)
-  return jnp.vectorize(one, signature="()->()")(delta_) if delta_.ndim else one(delta_)
+  return worst_direction(composition, _epsilon_direction, delta_, method)

@@ -193,13 +193,9 @@ def _epsilon_direction(composition, delta, method, add):
 
 def delta(composition: Composition, eps, method="clt") -> Bounds:
   """delta(eps) by the saddle-point accountant (pure; vectorised over ``eps``)."""
-  eps = jnp.asarray(eps, jnp.float64)
-  one = lambda e: worst_direction(composition, _delta_direction, e, method)
-  return jnp.vectorize(one, signature="()->()")(eps) if eps.ndim else one(eps)
+  return worst_direction(composition, _delta_direction, eps, method)
 
 
 def epsilon(composition: Composition, delta_, method="clt") -> Bounds:
   """eps(delta) by the saddle-point accountant (pure; vectorised over ``delta_``)."""
-  delta_ = jnp.asarray(delta_, jnp.float64)
-  one = lambda d: worst_direction(composition, _epsilon_direction, d, method)
-  return jnp.vectorize(one, signature="()->()")(delta_) if delta_.ndim else one(delta_)
+  return worst_direction(composition, _epsilon_direction, delta_, method)

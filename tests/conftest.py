@@ -25,6 +25,13 @@ def gaussian_epsilon(delta, mu):
   return optimize.brentq(f, 0.0, hi, xtol=1e-14, rtol=1e-15)
 
 
+def subsampled_gaussian(q, sigma, n):
+  """n steps of the Poisson-subsampled Gaussian (DP-SGD) as a jaxacct Composition."""
+  from jaxacct import models
+  from jaxacct.composition import Composition
+  return Composition.of((models.PoissonSampled(models.Gaussian(sigma), q), n))
+
+
 def pure_dp_delta(eps, eps0, k):
   """Exact delta(eps) of k-fold pure eps0-DP (binary randomized response, KOV15)."""
   j = np.arange(k + 1)

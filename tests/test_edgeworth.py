@@ -16,12 +16,9 @@ from jaxacct import cgf, edgeworth, models, results
 from jaxacct.composition import Composition
 
 from conftest import gaussian_delta, pure_dp_delta
+from conftest import subsampled_gaussian as _sgd
 
 REFERENCES = pathlib.Path(__file__).parent / "data" / "references.json"
-
-
-def _sgd(q, sigma, n):
-  return Composition.of((models.PoissonSampled(models.Gaussian(sigma), q), n))
 
 
 @pytest.fixture(autouse=True)

@@ -14,9 +14,7 @@ import jaxacct
 from jaxacct import cgf, models, results, spa
 from jaxacct.composition import Composition
 
-
-def _sgd(q, sigma, n):
-  return Composition.of((models.PoissonSampled(models.Gaussian(sigma), q), n))
+from conftest import subsampled_gaussian as _sgd
 
 
 @pytest.fixture(autouse=True)
