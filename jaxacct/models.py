@@ -94,9 +94,9 @@ class PrivacyLoss:
   def loss_nodes(self, t, add=False, t_high=None, panels=None):
     raise ValueError(f"{type(self).__name__} has no cumulant generating function")
 
-  def base_nodes(self, t, add=False, t_high=None, panels=None):
-    """Nodes of this model's (remove-direction) loss Z under P, as the base of a Poisson-
-    subsampled step tilted by t (up to t_high): they must cover P's bulk, Q's bulk
+  def base_nodes(self, t, add=False, t_high=None, panels=None, rate=1.0):
+    """Nodes of this model's (remove-direction) loss Z under P, as the base of a step Poisson-
+    subsampled at ``rate`` and tilted by t (up to t_high): they must cover P's bulk, Q's bulk
     (dQ = e^{-Z} dP) and where the subsampled direction's tilted integrand peaks."""
     return self.loss_nodes(t, t_high=t_high, panels=panels)
 
@@ -134,17 +134,36 @@ class Gaussian(PrivacyLoss):
   def loss_nodes(self, t, add=False, t_high=None, panels=None):
     return self.base_nodes(t, t_high=t_high, panels=panels)
 
-  def base_nodes(self, t, add=False, t_high=None, panels=None):
+  def base_nodes(self, t, add=False, t_high=None, panels=None, rate=1.0):
     # Z = mu u + mu^2/2 with u ~ N(0, 1) under P; Q's bulk is at u = -mu. Subsampled, the remove
-    # integrand peaks near u = t mu; the add one, e^{-t f(Z)} dQ, drifts left to about
-    # u = -log(1 + t) / mu where t q e^Z stops mattering.
+    # integrand's stationary points lie in [-mu, t mu]; the add one, e^{-t f(Z)} dQ, is
+    # log-concave with its mode left of -mu (``_add_mode``), furthest left at t_high.
     mu = self._mu()
     t_high = t if t_high is None else t_high
-    left = jnp.where(add, -jnp.log1p(jnp.maximum(t_high, 0.0)) / mu, t * mu)
+    left = jnp.where(add, _add_mode(mu, jnp.maximum(t_high, 0.0), rate), t * mu)
     right = jnp.where(add, 0.0, t_high * mu)
     log_w, u = standard_normal_nodes(jnp.minimum(-mu, left) - _REACH,
                                      jnp.maximum(0.0, right) + _REACH, panels)
     return log_w, mu * u + 0.5 * mu * mu
+
+
+def _add_mode(mu, t, rate, steps=30):
+  """Mode in u of the add-direction integrand of a subsampled Gaussian tilted by t,
+  phi(u) e^{-Z - t f(Z)} with Z = mu u + mu^2/2: the root of u + mu (1 + t f'(Z)) = 0, where
+  f'(Z) = sigmoid(Z + logit q) rises to 1, so it lies in [-(1 + t) mu, -mu] (at -(1 + t) mu for
+  q = 1). Bisection: the left side is increasing in u. Only places nodes (no gradient)."""
+  mu, t, rate = (jax.lax.stop_gradient(jnp.asarray(v, jnp.float64)) for v in (mu, t, rate))
+  logit = jnp.log(rate) - _log1m_rate(rate)
+  side = lambda u: u + mu * (1.0 + t * jax.nn.sigmoid(mu * u + 0.5 * mu * mu + logit))
+
+  def halve(_, ends):
+    lo, hi = ends
+    mid = 0.5 * (lo + hi)
+    right = side(mid) >= 0.0
+    return jnp.where(right, lo, mid), jnp.where(right, mid, hi)
+
+  lo, hi = jax.lax.fori_loop(0, steps, halve, (-(1.0 + t) * mu, -mu))
+  return lo
 
 
 @_model
@@ -309,7 +328,7 @@ class PoissonSampled(PrivacyLoss):
   def loss_nodes(self, t, add=False, t_high=None, panels=None):
     # remove: L = f(Z) under q B1 + (1-q) B0 = e^{f(Z) - Z} dB1; add: L = -f(Z) under
     # B0 = e^{-Z} dB1. For large Z the remove integrand grows like e^{t Z} dB1; the add one decays.
-    log_w, z = self.base.base_nodes(t, add, t_high, panels)
+    log_w, z = self.base.base_nodes(t, add, t_high, panels, rate=self.rate)
     f = subsampled_loss(z, self.rate)
     return log_w - z + jnp.where(add, 0.0, f), jnp.where(add, -f, f)
 

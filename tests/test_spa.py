@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from scipy import integrate
 from scipy.stats import norm
 
 import jaxacct
@@ -73,6 +74,32 @@ def test_laplace_and_gaussian_cgf_closed_forms():
   np.testing.assert_allclose(cgf.step_cumulants(models.SampledGaussianReplaceOne(1.5, 1.0), 2.0),
                              cgf.step_cumulants(models.Gaussian(1.5, 2.0), 2.0),
                              rtol=1e-7, atol=1e-12)
+
+
+@pytest.mark.parametrize("sigma", [0.5, 1.0, 3.0, 10.0])
+def test_add_direction_cgf_near_full_sampling(sigma):
+  """The add direction's tilted integrand drifts left as the tilt grows (to -(1+t) mu at q = 1):
+  its nodes must follow it. At q = 1 the add pair is the Gaussian mechanism (closed form); at
+  q = 1 - 1e-6 an independent adaptive quadrature of the log-concave integrand is the truth."""
+  mu = 1.0 / sigma
+  exact = lambda t: 0.5 * mu * mu * t * (t + 1.0)
+  add_k = lambda q, t: float(cgf.step_cumulants(models.PoissonSampled(models.Gaussian(sigma), q),
+                                                t, True)[0])
+  for t in np.geomspace(0.1, 300.0 / mu, 9):
+    assert add_k(1.0, t) == pytest.approx(exact(t), rel=1e-10)
+
+  q = 1.0 - 1e-6
+  f = lambda z: np.logaddexp(math.log1p(-q), math.log(q) + z)
+  for t in (30.0 / mu, 100.0 / mu):
+    # E_{B0}[e^{-t f(Z)}], Z = mu v - mu^2/2, v ~ N(0, 1), scaled by the integrand's maximum.
+    log_g = lambda v: -0.5 * v * v - t * f(mu * v - 0.5 * mu * mu)
+    grid = np.linspace(-(1.0 + t) * mu - 40.0, 40.0, 400001)
+    top = grid[np.argmax(log_g(grid))]
+    peak = log_g(top)
+    val, _ = integrate.quad(lambda v: math.exp(log_g(v) - peak), top - 40.0, top + 40.0,
+                            points=[top], limit=400, epsabs=0.0, epsrel=1e-13)
+    want = math.log(val / math.sqrt(2.0 * math.pi)) + peak
+    assert add_k(q, t) == pytest.approx(want, rel=1e-10)
 
 
 def test_cgf_refuses_infinite_atoms():
