@@ -117,18 +117,19 @@ def hockey_primitive(d):
   return jnp.where(d < 1e-3, series, d + jnp.expm1(-d))
 
 
-def newton_in_bracket(value_and_slope, lo, hi, x0, iters=8):
+def newton_in_bracket(value_and_slope, lo, hi, x0, iters=8, tol=0.0):
   """Root of a decreasing scalar function on [lo, hi] (f(lo) >= 0 >= f(hi)), safeguarded Newton.
 
   ``value_and_slope(x)`` returns (f(x), f'(x)). Each step takes the Newton step when it stays
   inside the current bracket and is at most half the step before last (as in rtsafe, so the
-  bracket at least halves every two steps even where Newton crawls), and bisects otherwise; the bracket follows the sign
-  of f. Without a sign change the iterates collapse onto the nearer end. A fixed number of steps
-  keeps shapes static. Returns (x, lo, hi).
+  bracket at least halves every two steps even where Newton crawls), and bisects otherwise; the
+  bracket follows the sign of f. Without a sign change the iterates collapse onto the nearer end.
+  At most ``iters`` steps (static shapes); it stops early once a step (Newton or bisection) moves
+  x by at most ``tol`` (under vmap: once every entry has). Returns (x, lo, hi, converged).
   """
 
-  def step(_, carry):
-    x, a, b, last, before_last = carry
+  def step(carry):
+    i, x, a, b, last, before_last, _ = carry
     fx, dfx = value_and_slope(x)
     a = jnp.where(fx >= 0.0, x, a)
     b = jnp.where(fx <= 0.0, x, b)
@@ -140,12 +141,15 @@ def newton_in_bracket(value_and_slope, lo, hi, x0, iters=8):
               & (jnp.abs(newton - x) <= 0.5 * before_last))
     x_next = jnp.where(inside, jnp.clip(newton, a, b), 0.5 * (a + b))
     taken = jnp.where(inside, jnp.abs(newton - x), 0.5 * (b - a))
-    return x_next, a, b, taken, last
+    done = (taken <= tol) | (fx == 0.0)
+    return i + 1, x_next, a, b, taken, last, done
 
   lo, hi = jnp.asarray(lo), jnp.asarray(hi)
   width = hi - lo
-  x, a, b, _, _ = jax.lax.fori_loop(0, iters, step, (jnp.asarray(x0), lo, hi, width, width))
-  return x, a, b
+  start = (0, jnp.asarray(x0), lo, hi, width, width, jnp.zeros(jnp.shape(x0), bool))
+  _, x, a, b, _, _, done = jax.lax.while_loop(lambda c: (c[0] < iters) & ~jnp.all(c[6]), step,
+                                              start)
+  return x, a, b, done
 
 
 def implicit_root(fn, solve, initial_guess):
@@ -157,21 +161,25 @@ def implicit_root(fn, solve, initial_guess):
   return jax.lax.custom_root(fn, initial_guess, solve, lambda g, y: y / g(1.0))
 
 
-def bracketed_root(residual, lo, hi, iters, which=0):
-  """Root of a decreasing scalar ``residual`` in [lo, hi] (safeguarded Newton from the midpoint),
-  differentiated implicitly.
+def bracketed_root(residual, lo, hi, iters, which=0, tol=0.0, start=None):
+  """Root of a decreasing scalar ``residual`` in [lo, hi] (safeguarded Newton from ``start``,
+  default the midpoint, at most ``iters`` steps, stopping at steps below ``tol``), differentiated
+  implicitly.
 
   ``which`` picks what is returned: 0 the Newton point; +1 the bracket end where residual <= 0,
   -1 the end where residual >= 0 (a point whose sign was evaluated: the safe ends for upper and
-  lower bounds). May be traced.
+  lower bounds), or the Newton point where it converged (callers then check its sign). May be
+  traced.
   """
 
   # Forward mode: one tangent for a scalar function is cheaper than a reverse pass.
   value_and_slope = lambda x: jax.jvp(residual, (x,), (jnp.ones_like(x),))
 
   def solve(_, __):
-    x, a, b = newton_in_bracket(value_and_slope, lo, hi, 0.5 * (lo + hi), iters)
-    return jnp.where(which > 0, b, jnp.where(which < 0, a, x))
+    x0 = 0.5 * (lo + hi) if start is None else start
+    x, a, b, converged = newton_in_bracket(value_and_slope, lo, hi, x0, iters, tol)
+    end = jnp.where(which > 0, b, jnp.where(which < 0, a, x))
+    return jnp.where(converged, x, end)
 
   return implicit_root(residual, solve, jnp.zeros(()))
 

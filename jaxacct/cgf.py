@@ -34,8 +34,11 @@ def _tilted(log_weights, losses, t):
   """(K, tilted probabilities, mean, deviations from it) of sum_i w_i delta_{l_i} tilted by
   e^{tl}."""
   a = log_weights + t * losses
-  k = jax.nn.logsumexp(a)
-  p = jnp.exp(a - k)
+  top = jax.lax.stop_gradient(jnp.max(a))
+  scaled = jnp.exp(a - top)  # the one exponential per node
+  total = jnp.sum(scaled)
+  k = top + jnp.log(total)
+  p = scaled / total
   mean = jnp.sum(p * losses)
   return k, p, mean, losses - mean
 

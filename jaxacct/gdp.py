@@ -185,8 +185,8 @@ def _epsilon_scalar(mu, delta):
     return z_t - _z(mu, eps)
 
   def solve(fn, guess):
-    x, _, _ = newton_in_bracket(_value_and_slope(fn), jnp.zeros_like(guess), guess, guess,
-                                iters=_NEWTON_STEPS)
+    x, *_ = newton_in_bracket(_value_and_slope(fn), jnp.zeros_like(guess), guess, guess,
+                             iters=_NEWTON_STEPS)
     return x
 
   eps = implicit_root(residual, solve, hi)
@@ -213,7 +213,7 @@ def _mu_scalar(eps, delta):
     return _z(mu, eps) - z_t
 
   def solve(fn, guess):
-    x, _, _ = newton_in_bracket(_value_and_slope(fn), guess, hi, guess, iters=_NEWTON_STEPS)
+    x, *_ = newton_in_bracket(_value_and_slope(fn), guess, hi, guess, iters=_NEWTON_STEPS)
     return x
 
   return implicit_root(residual, solve, lo)

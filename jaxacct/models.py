@@ -255,15 +255,28 @@ def PureDP(epsilon):  # noqa: N802 - a constructor that reads like a class
 
 
 def subsampled_loss(base_loss, rate):
-  """f(z) = log(1 - q + q e^z): the remove-direction loss of a Poisson-subsampled step."""
-  big = base_loss > 0.0
-  pos = lambda z: z + jnp.log(rate) + jnp.log1p((1.0 - rate) / rate * jnp.exp(-z))
-  # log1p is accurate while q (e^z - 1) stays away from -1; beyond (q near 1, z << 0), the sum
-  # of the two terms in log space (exactly z at q = 1).
-  near = lambda z: jnp.log1p(rate * jnp.expm1(z))
-  far = lambda z: jnp.logaddexp(_log1m_rate(rate), jnp.log(rate) + z)
-  neg = lambda z: safe_where(rate * jnp.expm1(z) > -0.5, near, far, z)
-  return safe_where(big, pos, neg, base_loss)
+  """f(z) = log(1 - q + q e^z): the remove-direction loss of a Poisson-subsampled step.
+
+  One log1p of a branch-selected argument (three transcendentals per value: this runs on every
+  quadrature node): z + log q + log1p((1-q)/q e^{-z}) for z > 0 (and at q = 1, where f(z) = z);
+  log1p(q expm1(z)), accurate while q (e^z - 1) stays away from -1; beyond (q near 1, z << 0)
+  log(1 - q) + log1p(q e^z / (1 - q)).
+  """
+  z = base_loss
+  full = rate >= 1.0
+  q_below_one = jnp.where(full, 0.5, rate)
+  decay = jnp.exp(-jnp.clip(z, -700.0, 700.0))  # e^{-z}; its inverse is e^z for z <= 0
+  rise = jnp.expm1(jnp.where(z > 0.0, 0.0, z))
+  pos = (z > 0.0) | full
+  near = ~pos & (rate * rise > -0.5)
+  far = ~pos & ~near
+  # Each branch sees a harmless placeholder where it is not selected (finite values and
+  # gradients: e^{700} times a large ratio would overflow).
+  arg = jnp.where(pos, (1.0 - rate) / rate * jnp.where(pos, decay, 0.0),
+                  jnp.where(near, rate * rise,
+                            q_below_one / (1.0 - q_below_one) / jnp.where(far, decay, 1.0)))
+  offset = jnp.where(pos, z + jnp.log(rate), jnp.where(near, 0.0, _log1m_rate(rate)))
+  return offset + jnp.log1p(arg)
 
 
 def _log1m_rate(rate):

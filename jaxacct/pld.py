@@ -624,7 +624,7 @@ def _epsilon_on_grid(pmf, sums: _TailSums, first_centre, h, target, side):
       return value, -tilt + p_i * jnp.expm1(x - b) / h
 
     frac = jnp.clip((d_i - tgt) / jnp.maximum(d_i - d_next, 1e-300), 0.0, 1.0)
-    x, _, _ = newton_in_bracket(local, a, b, a + frac * h, iters=6)
+    x, *_ = newton_in_bracket(local, a, b, a + frac * h, iters=6)
     fx, dfx = local(x)
     slack = 4.0 * F64_EPS * (1.0 + jnp.abs(x))
     step = jnp.abs(fx / jnp.where(dfx < 0.0, dfx, -1.0))

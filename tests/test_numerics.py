@@ -1,4 +1,5 @@
-"""Round-off: the certified FFT error bound against a long-double composition of the same steps."""
+"""Numerical building blocks: the certified FFT error bound against a long-double composition of
+the same steps, and the one root finder (safeguarded Newton with implicit gradients)."""
 
 import jax
 import jax.numpy as jnp
@@ -7,6 +8,7 @@ import pytest
 
 import jaxacct
 from jaxacct import pld
+from jaxacct._numerics import bracketed_root, newton_in_bracket
 
 CASES = [  # composition, smallest delta
     ([(jaxacct.Gaussian(50.0), 100_000)], 1e-7),
@@ -46,3 +48,24 @@ def test_fft_error_bound_holds(entries, delta):
     total_mass = float(np.sum(exact))
     bound = float(composed.fft_error[direction]) + float(composed.mass_error[direction]) * total_mass
     assert error <= bound, (direction, error, bound)
+
+
+def test_root_finder_converges_early_and_differentiates_implicitly():
+  with jax.enable_x64(True):
+    f = lambda x: jnp.exp(-x) - 0.3  # decreasing, root log(1/0.3)
+    slope = lambda x: (f(x), -jnp.exp(-x))
+    x, lo, hi, done = newton_in_bracket(slope, -5.0, 5.0, 0.0, iters=50, tol=1e-12)
+    assert bool(done) and float(x) == pytest.approx(np.log(1 / 0.3), abs=1e-12)
+    assert float(lo) <= float(x) <= float(hi)
+    # A bracket without a sign change (f > 0 throughout) collapses onto its right end.
+    x, _, _, _ = newton_in_bracket(slope, -5.0, 1.0, -2.0, iters=60, tol=1e-12)
+    assert float(x) == pytest.approx(1.0, abs=1e-9)
+    # Implicit gradient: x(theta) = theta^(1/3) solves theta - x^3 = 0.
+    root = lambda theta: bracketed_root(lambda x: theta - x ** 3, 0.0, 4.0, 60, tol=1e-14)
+    theta = 2.7
+    assert float(root(theta)) == pytest.approx(theta ** (1 / 3), rel=1e-12)
+    assert float(jax.grad(root)(theta)) == pytest.approx(theta ** (-2 / 3) / 3, rel=1e-10)
+    # The bracket ends are returned for bounds when Newton has not converged (here: no steps).
+    residual = lambda x: 1.0 - x
+    assert float(bracketed_root(residual, 0.0, 3.0, 1, which=1, tol=1e-14)) == 1.5
+    assert float(bracketed_root(residual, 0.0, 3.0, 1, which=-1, tol=1e-14)) == 0.0
