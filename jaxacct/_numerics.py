@@ -219,3 +219,40 @@ def fast_jit(fn, **kwargs):
     return jitted(*args, **kw)
 
   return call
+
+
+def vectorised(single, chunk):
+  """``single(composition, x)`` over the broadcast shape of its inputs: the batching every
+  accountant's front door shares.
+
+  A scalar is one compiled call. A batch runs as one compiled ``vmap`` per block: full blocks of
+  ``chunk`` settings and a remainder padded to the next power of two (so a few programs serve
+  every batch size, memory stays bounded and padding at most doubles a small batch's work).
+  Under a caller's transformation (traced inputs) the batch is a ``lax.map`` in the caller's
+  program.
+  """
+  one = fast_jit(scoped_gradients(single))
+  block = fast_jit(scoped_gradients(jax.vmap(single)))
+
+  def call(composition, x):
+    args = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float64), (composition, x))
+    shape = np.broadcast_shapes(*[np.shape(a) for a in jax.tree_util.tree_leaves(args)])
+    if shape == ():
+      return one(*args)
+    size = int(np.prod(shape))
+    flat = jax.tree_util.tree_map(lambda a: jnp.broadcast_to(a, shape).reshape(size), args)
+    if is_traced(flat):
+      out = jax.lax.map(lambda el: single(*el), flat, batch_size=min(size, chunk))
+    else:
+      parts = []
+      for start in range(0, size, chunk):
+        n = min(chunk, size - start)
+        pad = (1 << (n - 1).bit_length()) - n
+        part = jax.tree_util.tree_map(
+            lambda a: jnp.concatenate([a[start:start + n], jnp.repeat(a[start + n - 1:][:1], pad)]),
+            flat)
+        parts.append(jax.tree_util.tree_map(lambda a: a[:n], block(*part)))
+      out = jax.tree_util.tree_map(lambda *p: jnp.concatenate(p), *parts)
+    return jax.tree_util.tree_map(lambda a: a.reshape(shape), out)
+
+  return call

@@ -19,7 +19,7 @@ from jaxacct import pld as _pld
 from jaxacct import rdp as _rdp
 from jaxacct import spa as _spa
 from jaxacct._numerics import check_range as _check_range
-from jaxacct._numerics import fast_jit, float64, is_traced, scoped_gradients
+from jaxacct._numerics import fast_jit, float64, is_traced, scoped_gradients, vectorised
 from jaxacct.composition import Composition, as_composition
 from jaxacct.models import Gaussian, PoissonSampled, SampledGaussianReplaceOne
 from jaxacct.results import WINDOW_TOO_SMALL, Bounds
@@ -110,17 +110,8 @@ def _run_planned(one, many, composition, x, plan, planned_here, batch_size):
   return result
 
 
-def _cgf_runner(fn):
-  """(single, batched) compiled callers of ``fn(composition, x, method)``; the batch runs in
-  vmapped chunks of 64 settings (bounded memory)."""
-  single = fast_jit(scoped_gradients(fn, nondiff_argnums=(2,)), static_argnums=(2,))
-
-  def run(composition, x, method):
-    return jax.lax.map(lambda args: fn(*args, method), (composition, x), batch_size=64)
-
-  return single, fast_jit(scoped_gradients(run, nondiff_argnums=(2,)), static_argnums=(2,))
-
-
+# Settings per vmapped block of a CGF accountant's batch.
+_CGF_CHUNK = 64
 _CGF_RUNNERS = {}
 
 
@@ -134,17 +125,11 @@ def _run_cgf(accountant, quantity, composition, x, method):
   if accountant not in ("spa", "edgeworth"):
     return getattr(module, quantity)(composition, x)
   _cgf.check_cgf(composition)
-  key = (accountant, quantity)
+  key = (accountant, quantity, method)
   if key not in _CGF_RUNNERS:
-    _CGF_RUNNERS[key] = _cgf_runner(getattr(module, quantity))
-  single, batched = _CGF_RUNNERS[key]
-  composition, x = _as_float64((composition, x))
-  shape = _batch_shape((composition, x))
-  if shape == ():
-    return single(composition, x, method)
-  flat_comp, flat_x = _flatten_batch((composition, x), shape)
-  out = batched(flat_comp, flat_x, method)
-  return jax.tree_util.tree_map(lambda a: a.reshape(shape), out)
+    fn = getattr(module, quantity)
+    _CGF_RUNNERS[key] = vectorised(lambda comp, value: fn(comp, value, method), _CGF_CHUNK)
+  return _CGF_RUNNERS[key](composition, x)
 
 
 def _check_accountant(accountant):

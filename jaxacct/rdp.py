@@ -39,8 +39,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxacct import cgf, models
-from jaxacct._numerics import (fast_jit, float64, implicit_root, is_traced, newton_in_bracket,
-                               safe_where, scoped_gradients)
+from jaxacct._numerics import (float64, implicit_root, newton_in_bracket, safe_where,
+                               vectorised)
 from jaxacct._numerics import check_range as _check_range
 from jaxacct.composition import Composition, as_composition
 from jaxacct.results import LOWER_VACUOUS, Bounds
@@ -229,39 +229,9 @@ def _checked(composition):
   return composition
 
 
-def _vectorised(single, chunk):
-  """``single(composition, x)`` over the broadcast shape of its inputs.
-
-  A scalar is one compiled call. A batch is cut into padded chunks of ``chunk`` elements run by
-  one compiled vmap, so every batch size reuses the same program and memory stays bounded; under
-  a caller's transformation (traced inputs) the batch is a ``lax.map`` in the caller's program.
-  """
-  one = fast_jit(scoped_gradients(single))
-  block = fast_jit(scoped_gradients(jax.vmap(single)))
-
-  def call(composition, x):
-    args = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float64), (composition, x))
-    shape = np.broadcast_shapes(*[np.shape(a) for a in jax.tree_util.tree_leaves(args)])
-    if shape == ():
-      return one(*args)
-    size = int(np.prod(shape))
-    flat = jax.tree_util.tree_map(lambda a: jnp.broadcast_to(a, shape).reshape(size), args)
-    if is_traced(flat):
-      out = jax.lax.map(lambda el: single(*el), flat, batch_size=min(size, chunk))
-    else:
-      pad = -size % chunk
-      flat = jax.tree_util.tree_map(lambda a: jnp.concatenate([a, jnp.repeat(a[-1:], pad)]), flat)
-      parts = [block(*jax.tree_util.tree_map(lambda a: a[i:i + chunk], flat))
-               for i in range(0, size + pad, chunk)]
-      out = jax.tree_util.tree_map(lambda *p: jnp.concatenate(p)[:size], *parts)
-    return jax.tree_util.tree_map(lambda a: a.reshape(shape), out)
-
-  return call
-
-
-_rdp_run = _vectorised(_rdp_single, 256)
-_epsilon_run = _vectorised(_epsilon_single, 16)
-_delta_run = _vectorised(_delta_single, 16)
+_rdp_run = vectorised(_rdp_single, 256)
+_epsilon_run = vectorised(_epsilon_single, 16)
+_delta_run = vectorised(_delta_single, 16)
 
 
 @float64

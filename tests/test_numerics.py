@@ -8,7 +8,7 @@ import pytest
 
 import jaxacct
 from jaxacct import pld
-from jaxacct._numerics import bracketed_root, newton_in_bracket
+from jaxacct._numerics import bracketed_root, newton_in_bracket, vectorised
 
 CASES = [  # composition, smallest delta
     ([(jaxacct.Gaussian(50.0), 100_000)], 1e-7),
@@ -69,3 +69,23 @@ def test_root_finder_converges_early_and_differentiates_implicitly():
     residual = lambda x: 1.0 - x
     assert float(bracketed_root(residual, 0.0, 3.0, 1, which=1, tol=1e-14)) == 1.5
     assert float(bracketed_root(residual, 0.0, 3.0, 1, which=-1, tol=1e-14)) == 0.0
+
+
+def test_vectorised_batches_in_padded_blocks():
+  """Full blocks plus a power-of-two padded remainder give the elementwise values, any shape."""
+  calls = []
+
+  def single(comp, x):
+    calls.append(1)  # one entry per trace, i.e. per compiled program
+    return {"y": comp["a"] * jnp.sin(x) + comp["b"]}
+
+  run = vectorised(single, chunk=4)
+  with jax.enable_x64(True):
+    x = np.linspace(0.1, 2.0, 11)
+    comp = {"a": np.arange(11.0), "b": 0.5}
+    got = np.asarray(run(comp, x)["y"])
+    np.testing.assert_allclose(got, np.arange(11.0) * np.sin(x) + 0.5, rtol=1e-15)
+    assert float(run(comp | {"a": 2.0}, 0.3)["y"]) == pytest.approx(2 * np.sin(0.3) + 0.5)
+    grid = np.asarray(run({"a": np.ones((2, 1)), "b": 0.0}, np.ones((1, 3)))["y"])
+    np.testing.assert_allclose(grid, np.full((2, 3), np.sin(1.0)), rtol=1e-15)
+  assert len(calls) == 3  # the scalar, blocks of 4 (remainder 3 padded to 4) and a block of 2
