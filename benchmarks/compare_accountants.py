@@ -48,6 +48,7 @@ Run (from the repository root):
     python benchmarks/compare_accountants.py --limit 5    # a quick check on the first 5 settings
     python benchmarks/compare_accountants.py --skip-large # without the T = 10^6 table
     python benchmarks/compare_accountants.py --references sweep   # the broad sweep, no pld
+    python benchmarks/compare_accountants.py --accountants spa,rdp --skip-large  # a subset
     python benchmarks/compare_accountants.py --jaxacct-root DIR   # measure the jaxacct in DIR
 """
 
@@ -106,13 +107,14 @@ def load_sweep(limit):
   return out if limit is None else out[:limit]
 
 
-def accountant_pairs(include_pld=True):
-  """(accountant, method) for every accountant of jaxacct.api.ACCOUNTANTS and each of its
-  methods, in their order; method None (the default) for an accountant with a single method."""
+def accountant_pairs(include_pld=True, only=None):
+  """(accountant, method) for every accountant of jaxacct.api.ACCOUNTANTS (or those named in
+  ``only``) and each of its methods, in their order; method None (the default) for an
+  accountant with a single method."""
   from jaxacct.api import ACCOUNTANTS
   pairs = []
   for name, (_, methods) in ACCOUNTANTS.items():
-    if name == "pld" and not include_pld:
+    if (name == "pld" and not include_pld) or (only and name not in only):
       continue
     pairs += [(name, None)] if len(methods) == 1 else [(name, m) for m in methods]
   return pairs
@@ -283,7 +285,7 @@ def pld_references(cases, timeout, jaxacct_root):
   return out
 
 
-def run_large(jaxacct, timeout, jaxacct_root):
+def run_large(jaxacct, timeout, jaxacct_root, only=None):
   cases = [(sigma, rate, LARGE_STEPS, LARGE_DELTA) for rate in LARGE_RATES
            for sigma in LARGE_SIGMAS]
   print(f"\n## T = 10^6 against jaxacct's pld (delta {LARGE_DELTA:g}, pld timeout {timeout:g} s)\n")
@@ -304,7 +306,7 @@ def run_large(jaxacct, timeout, jaxacct_root):
     print("  no pld reference finished: no table")
     return []
   rows, misses = [], []
-  for accountant, method in accountant_pairs(include_pld=False):
+  for accountant, method in accountant_pairs(include_pld=False, only=only):
     fields, seconds = run_batched(jaxacct, settings, accountant, method)
     row, miss, _ = summarise(f"{accountant}/{method or '-'}", settings, fields, seconds,
                              np.array(above), np.array(below))
@@ -327,6 +329,8 @@ def main():
                       help="stored: tests/data/references.json (default); sweep: "
                            "benchmarks/data/sweep_references.json against its pld brackets")
   parser.add_argument("--skip-large", action="store_true", help="skip the T = 10^6 table")
+  parser.add_argument("--accountants", default=None,
+                      help="comma-separated accountants to run (default: all), e.g. spa,rdp")
   parser.add_argument("--pld-timeout", type=float, default=60.0,
                       help="seconds allowed per T = 10^6 pld reference (default 60)")
   parser.add_argument("--jaxacct-root", default=str(ROOT),
@@ -364,7 +368,8 @@ def main():
   print_ranges(settings)
 
   rows, misses, errors = [], [], []
-  for accountant, method in accountant_pairs(include_pld=not sweep):
+  only = args.accountants.split(",") if args.accountants else None
+  for accountant, method in accountant_pairs(include_pld=not sweep, only=only):
     begin = time.perf_counter()
     name = f"{accountant}/{method or '-'}"
     if accountant == "pld":
@@ -383,7 +388,7 @@ def main():
   print(decade_table(settings, errors))
 
   if not args.skip_large and not sweep:
-    misses += run_large(jaxacct, args.pld_timeout, args.jaxacct_root)
+    misses += run_large(jaxacct, args.pld_timeout, args.jaxacct_root, only)
 
   print("\nBound misses at tol = 0 (a provable one would be a bug):")
   print("\n".join("  " + m for m in misses) if misses else "  none")

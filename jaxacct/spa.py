@@ -44,6 +44,9 @@ _LOG_T_GRID = np.linspace(math.log(1e-8), math.log(1e3), 33)
 # unconverged bound falls back to its bracket's safe end.
 _NEWTON_STEPS = 24
 _NEWTON_TOL = 1e-9
+# The search runs on a quarter-size rule over the bracket; two Newton steps on the full rule
+# then polish the root (see ``bracketed_root``).
+_NEWTON_PANELS = 32
 # The scan reads K from a coarse rule (_SCAN_PANELS x 16 nodes): it only has to find the grid
 # cell of the root (on 400 random settings, q 1e-5..1, sigma 0.3..20, T 1..1e7, delta
 # 1e-12..1e-2, it picked the full rule's cell every time; 8 panels missed by one twice). The
@@ -152,8 +155,9 @@ def _decreasing_root(make_residual, grid_values, which, composition, add):
                        0.0)
   start = jnp.clip(grid[i] + fraction * (grid[i + 1] - grid[i]), lo, hi)
   nodes = tilt_nodes(composition, jnp.exp(lo), jnp.exp(hi), add)
+  coarse = tilt_nodes(composition, jnp.exp(lo), jnp.exp(hi), add, panels=_NEWTON_PANELS)
   x = bracketed_root(make_residual(nodes), lo, hi, _NEWTON_STEPS, which, _NEWTON_TOL,
-                     jax.lax.stop_gradient(start))
+                     jax.lax.stop_gradient(start), coarse=make_residual(coarse))
   return x, below, beyond, nodes
 
 
