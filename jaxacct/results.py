@@ -63,6 +63,11 @@ class Bounds:
 
 
 def worst_of(a: Bounds, b: Bounds) -> Bounds:
-  """Field-wise maximum: the guarantee for the worse of two dominating pairs."""
-  return Bounds(jnp.fmax(a.lower, b.lower), jnp.maximum(a.estimate, b.estimate),
-                jnp.maximum(a.upper, b.upper), jnp.bitwise_or(a.status, b.status))
+  """Field-wise maximum: the guarantee for the worse of two dominating pairs. Status bits are
+  combined, except LOWER_VACUOUS, which describes the combined lower bound (nan only when
+  neither pair has one)."""
+  lower = jnp.fmax(a.lower, b.lower)
+  status = jnp.bitwise_or(a.status, b.status) & ~LOWER_VACUOUS
+  status = status | jnp.where(jnp.isnan(lower), LOWER_VACUOUS, OK).astype(status.dtype)
+  return Bounds(lower, jnp.maximum(a.estimate, b.estimate), jnp.maximum(a.upper, b.upper),
+                status)

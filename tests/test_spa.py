@@ -184,6 +184,19 @@ def test_known_failure_regime_is_flagged():
   assert float(ours.estimate) < 1.8282366665 < float(ours.upper)
 
 
+def test_lower_vacuous_bit_describes_the_reported_lower_bound():
+  """The worse-direction result keeps the better lower bound of the two directions; its
+  LOWER_VACUOUS bit must say whether that reported bound is nan, not whether either was."""
+  sigma = jnp.array([9.14, 6.79, 20.0, 4.82, 1.0])
+  q = jnp.array([0.00381, 0.00316, 1e-5, 0.70, 0.01])
+  steps = jnp.array([31.0, 16.0, 1e5, 24.0, 1e4])
+  delta = jnp.array([1.2e-6, 3.8e-7, 1e-10, 6.1e-10, 1e-5])
+  out = jaxacct.dpsgd_epsilon(sigma, q, steps, delta, accountant="spa")
+  vacuous = (np.asarray(out.status) & results.LOWER_VACUOUS) > 0
+  np.testing.assert_array_equal(vacuous, np.isnan(np.asarray(out.lower)))
+  assert float(out.lower[0]) > 0.0  # a finite lower bound from one direction is reported
+
+
 def test_jit_vmap_and_grad():
   comp = lambda s: _sgd(0.01, s, 3000)
   f = lambda s, m="clt": jaxacct.epsilon(comp(s), 1e-5, accountant="spa", method=m).estimate
