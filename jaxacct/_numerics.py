@@ -188,10 +188,13 @@ def bracketed_root(residual, lo, hi, iters, which=0, tol=0.0, start=None, coarse
     x0 = 0.5 * (lo + hi) if start is None else start
     search = residual if coarse is None else coarse
     x, a, b, converged = newton_in_bracket(slope_of(search), lo, hi, x0, iters, tol)
-    for _ in range(polish if coarse is not None else 0):
+    def polish_step(_, x):
       fx, dfx = slope_of(residual)(x)
-      x = jnp.where(converged & (dfx < 0.0), jnp.clip(x - fx / jnp.where(dfx < 0.0, dfx, -1.0),
-                                                      lo, hi), x)
+      step = jnp.clip(x - fx / jnp.where(dfx < 0.0, dfx, -1.0), lo, hi)
+      return jnp.where(converged & (dfx < 0.0), step, x)
+
+    if coarse is not None:  # a loop, not unrolled: one copy of the residual to compile
+      x = jax.lax.fori_loop(0, polish, polish_step, x)
     end = jnp.where(which > 0, b, jnp.where(which < 0, a, x))
     return jnp.where(converged, x, end)
 
