@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import ndtr
 
-from jaxacct._numerics import LOSS_BIG, composite_nodes, safe_where, standard_normal_nodes
+from jaxacct._numerics import LOSS_BIG, composite_nodes, standard_normal_nodes
 
 # Quadratures reach this many standard deviations beyond every bulk or tilted peak (the
 # standard-normal mass beyond is below 1e-57 relative).
