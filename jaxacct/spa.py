@@ -51,8 +51,8 @@ _NEWTON_PANELS = 32
 # cell of the root (on 400 random settings, q 1e-5..1, sigma 0.3..20, T 1..1e7, delta
 # 1e-12..1e-2, it picked the full rule's cell every time; 8 panels missed by one twice). The
 # refinement spans that cell and its two neighbours (a coarse sign error next to a grid point
-# moves the root by at most one cell) with the full rule on one node set for the whole bracket,
-# so each Newton step is a cheap reweighting.
+# moves the root by at most one cell) on one node set for the whole bracket, so each Newton step
+# is a cheap reweighting.
 _SCAN_PANELS = 16
 # Relative slack added to the error bound for the quadrature error of K (per unit of count).
 _QUADRATURE_SLACK = 1e-12
@@ -126,8 +126,9 @@ def _soft_log(r):
 def _decreasing_root(make_residual, grid_values, which, composition, add):
   """Root in x = log t of a decreasing residual, given its (coarse) values on _LOG_T_GRID: the
   grid cell where it changes sign, then safeguarded Newton on that cell and its neighbours
-  (implicit gradients), started at the coarse values' linear interpolation, with
-  ``make_residual(nodes)`` read from one node set for the bracket.
+  (implicit gradients), started at the coarse values' linear interpolation: the search reads
+  ``make_residual(nodes)`` from a quarter-size node set for the bracket, the polish steps and
+  the returned nodes are the full rule's.
 
   ``which`` picks the result: 0 the Newton point, +1 the bracket end where residual <= 0, -1 the
   end where residual >= 0 (the safe ends for upper and lower bounds; the Newton point once it
@@ -197,11 +198,6 @@ def _curve_point(composition, log_t, method, add, nodes=None):
   return values, eps, dict(terms, log_err=log_err)
 
 
-def _pick(point):
-  values, _, terms = point
-  return values, terms
-
-
 def _residuals(values, terms, log_delta):
   """Decreasing residuals in t whose roots are the lower, estimated and upper eps: log delta
   minus the target for the estimate and the upper bound. The lower bound's log falls to -inf
@@ -220,7 +216,11 @@ def _residuals(values, terms, log_delta):
 def _epsilon_direction(composition, delta, method, add):
   log_delta = jnp.log(delta)
   curve = lambda x, nodes=None: _curve_point(composition, x, method, add, nodes)
-  residuals = lambda x, nodes: _residuals(*_pick(curve(x, nodes)), log_delta)
+
+  def residuals(x, nodes):
+    values, _, terms = curve(x, nodes)
+    return _residuals(values, terms, log_delta)
+
   grid_values = jax.lax.stop_gradient(jax.vmap(
       lambda x: residuals(x, _scan_nodes(composition, x, add)))(jnp.asarray(_LOG_T_GRID)))
 
