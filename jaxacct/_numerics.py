@@ -238,6 +238,20 @@ def fast_jit(fn, **kwargs):
   return call
 
 
+def flatten_batch(tree):
+  """(tree, shape): every leaf as float64, broadcast to the leaves' common batch shape and
+  flattened to one batch axis (of size 1 for a scalar batch), and that shape."""
+  tree = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float64), tree)
+  shape = np.broadcast_shapes(*[a.shape for a in jax.tree_util.tree_leaves(tree)])
+  size = int(np.prod(shape))
+  return jax.tree_util.tree_map(lambda a: jnp.broadcast_to(a, shape).reshape(size), tree), shape
+
+
+def unbatched(flat):
+  """The single setting of a batch of size 1 from ``flatten_batch``, as scalars."""
+  return jax.tree_util.tree_map(lambda a: a.reshape(()), flat)
+
+
 def vectorised(single, chunk):
   """``single(composition, x)`` over the broadcast shape of its inputs: the batching every
   accountant's front door shares.
@@ -252,12 +266,10 @@ def vectorised(single, chunk):
   block = fast_jit(scoped_gradients(jax.vmap(single)))
 
   def call(composition, x):
-    args = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float64), (composition, x))
-    shape = np.broadcast_shapes(*[np.shape(a) for a in jax.tree_util.tree_leaves(args)])
+    flat, shape = flatten_batch((composition, x))
     if shape == ():
-      return one(*args)
+      return one(*unbatched(flat))
     size = int(np.prod(shape))
-    flat = jax.tree_util.tree_map(lambda a: jnp.broadcast_to(a, shape).reshape(size), args)
     if is_traced(flat):
       out = jax.lax.map(lambda el: single(*el), flat, batch_size=min(size, chunk))
     else:

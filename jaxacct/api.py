@@ -19,7 +19,8 @@ from jaxacct import pld as _pld
 from jaxacct import rdp as _rdp
 from jaxacct import spa as _spa
 from jaxacct._numerics import check_range as _check_range
-from jaxacct._numerics import fast_jit, float64, is_traced, scoped_gradients, vectorised
+from jaxacct._numerics import (fast_jit, flatten_batch, float64, is_traced, scoped_gradients,
+                               unbatched, vectorised)
 from jaxacct.composition import Composition, as_composition
 from jaxacct.models import Gaussian, PoissonSampled, SampledGaussianReplaceOne
 from jaxacct.results import WINDOW_TOO_SMALL, Bounds
@@ -38,17 +39,6 @@ _CHUNK_BYTES = 1 << 28
 def _as_float64(tree):
   """Every leaf as a float64 array (inputs may come from a float32 program)."""
   return jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float64), tree)
-
-
-def _batch_shape(tree):
-  return np.broadcast_shapes(*[np.shape(x) for x in jax.tree_util.tree_leaves(tree)])
-
-
-def _flatten_batch(tree, shape):
-  """Broadcasts every leaf to ``shape`` and flattens it to one batch axis."""
-  size = int(np.prod(shape))
-  return jax.tree_util.tree_map(
-      lambda x: jnp.broadcast_to(jnp.asarray(x, jnp.float64), shape).reshape(size), tree)
 
 
 def _chunk(plan: _pld.Plan, batch_size):
@@ -89,11 +79,9 @@ _compose = fast_jit(scoped_gradients(_pld.compose))
 
 
 def _run(one, many, composition, x, plan, batch_size):
-  composition, x = _as_float64((composition, x))
-  shape = _batch_shape((composition, x))
+  (flat_comp, flat_x), shape = flatten_batch((composition, x))
   if shape == ():
-    return one(composition, x, plan)
-  flat_comp, flat_x = _flatten_batch((composition, x), shape)
+    return one(*unbatched((flat_comp, flat_x)), plan)
   out = many(flat_comp, flat_x, plan, _chunk(plan, batch_size))
   return jax.tree_util.tree_map(lambda a: a.reshape(shape), out)
 

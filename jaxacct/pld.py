@@ -35,8 +35,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxacct import results
-from jaxacct._numerics import (F64_EPS, LOSS_BIG, fast_jit, float64, hockey_primitive,
-                               implicit_root, newton_in_bracket, scoped_gradients)
+from jaxacct._numerics import (F64_EPS, LOSS_BIG, fast_jit, flatten_batch, float64,
+                               hockey_primitive, implicit_root, newton_in_bracket,
+                               scoped_gradients)
 from jaxacct.composition import Composition
 from jaxacct.results import Bounds
 
@@ -781,15 +782,6 @@ def _plan_widths(composition: Composition, log_tail, log_window_tail):
   return jax.lax.map(one, composition, batch_size=64)
 
 
-def _flat_batch(composition: Composition) -> Composition:
-  """The composition with every leaf broadcast to the common batch shape, flattened (B >= 1)."""
-  leaves, treedef = jax.tree_util.tree_flatten(composition)
-  shape = np.broadcast_shapes(*[np.shape(x) for x in leaves])
-  size = int(np.prod(shape))
-  flat = [jnp.broadcast_to(jnp.asarray(x, jnp.float64), shape).reshape(size) for x in leaves]
-  return jax.tree_util.tree_unflatten(treedef, flat)
-
-
 # Grid sizes compiled so far in this process: a new plan reuses one within 2x of its need.
 _USED_SIZES: set = set()
 
@@ -825,7 +817,8 @@ def make_plan(composition: Composition, delta, eps_error=0.01, delta_error=1e-3)
     slope = math.sqrt(0.5 * total * math.log(1.0 / eta)) + 5.0
     curvature = total / 8.0
     h = 2.0 * target / (slope + math.sqrt(slope * slope + 4.0 * curvature * target))
-    ranges, windows, variances = _plan_widths(_flat_batch(composition), jnp.asarray(log_tail),
+    flat, _ = flatten_batch(composition)
+    ranges, windows, variances = _plan_widths(flat, jnp.asarray(log_tail),
                                               jnp.asarray(log_window_tail))
     # The split adds ~h^2/6 of variance per step; keep that below 1e-4 of the loss variance so the
     # estimate stays accurate when a step's loss is narrower than the grid (small q, large sigma).
