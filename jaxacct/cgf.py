@@ -8,8 +8,8 @@ model. ``cumulants(model, t, add)`` returns, per step,
 where L_t is the loss tilted by e^{tL} (its k-th cumulant is the k-th derivative of K at t).
 Closed forms are used where they exist (Gaussian); otherwise the model's ``loss_nodes(t, add)``
 (a quadrature of the loss law under P, accurate where e^{tL} dP is concentrated) gives them as the
-moments of the tilted weights, which are exactly the derivatives of the discrete log-sum-exp. A composition's cumulants are sum_i count_i x step_i
-(real counts allowed).
+moments of the tilted weights, which are exactly the derivatives of the discrete log-sum-exp.
+A composition's cumulants are sum_i count_i x step_i (real counts allowed).
 
 Models with an atom at L = +inf ((epsilon, delta)-DP with delta > 0) have K = +inf for t > 0 and
 are refused by the CGF accountants (``check_cgf``).
@@ -31,23 +31,22 @@ _MOMENT_PANELS = 48
 
 
 def _tilted(log_weights, losses, t):
-  """(K, tilted probabilities, mean, deviations from it) of sum_i w_i delta_{l_i} tilted by
-  e^{tl}."""
+  """(K, unnormalised tilted weights, their total, mean, deviations from it) of the discrete law
+  sum_i w_i delta_{l_i} tilted by e^{tl}. Moments are sums over the unnormalised weights divided
+  once by the total (no division per node)."""
   a = log_weights + t * losses
   top = jax.lax.stop_gradient(jnp.max(a))
   scaled = jnp.exp(a - top)  # the one exponential per node
   total = jnp.sum(scaled)
-  k = top + jnp.log(total)
-  p = scaled / total
-  mean = jnp.sum(p * losses)
-  return k, p, mean, losses - mean
+  mean = jnp.sum(scaled * losses) / total
+  return top + jnp.log(total), scaled, total, mean, losses - mean
 
 
 def tilted_cumulants(log_weights, losses, t):
   """(K, K', K'', K''', K'''', rho) at tilt t of the discrete law sum_i w_i delta_{l_i}."""
-  k, p, mean, d = _tilted(log_weights, losses, t)
-  m2, m3, m4 = jnp.sum(p * d * d), jnp.sum(p * d ** 3), jnp.sum(p * d ** 4)
-  rho = jnp.sum(p * jnp.abs(d) ** 3)
+  k, scaled, total, mean, d = _tilted(log_weights, losses, t)
+  w2 = scaled * d * d
+  m2, m3, m4, rho = (jnp.sum(w2 * f) / total for f in (1.0, d, d * d, jnp.abs(d)))
   return jnp.stack([k, mean, m2, m3, m4 - 3.0 * m2 * m2, rho])
 
 
@@ -63,10 +62,11 @@ def tilted_moments(log_weights, losses, t):
   """(k1, k2, k3, k4, k5, E|d|, E|d|^3, E d^4) of the discrete law sum_i w_i delta_{l_i} tilted
   by e^{tl}: its first five cumulants and the absolute central moments (d = l - k1) that the
   Edgeworth error bounds read. Two-pass (central) moments keep tiny sampling rates exact."""
-  _, p, mean, d = _tilted(log_weights, losses, t)
-  c2, c3, c4, c5 = (jnp.sum(p * d ** k) for k in (2, 3, 4, 5))
+  _, scaled, total, mean, d = _tilted(log_weights, losses, t)
+  moment = lambda f: jnp.sum(scaled * f) / total
+  c2, c3, c4, c5 = (moment(d ** k) for k in (2, 3, 4, 5))
   return jnp.stack([mean, c2, c3, c4 - 3.0 * c2 * c2, c5 - 10.0 * c3 * c2,
-                    jnp.sum(p * jnp.abs(d)), jnp.sum(p * jnp.abs(d) ** 3), c4])
+                    moment(jnp.abs(d)), moment(jnp.abs(d) ** 3), c4])
 
 
 def law_moments(model, t, add=False):
