@@ -197,6 +197,23 @@ def test_lower_vacuous_bit_describes_the_reported_lower_bound():
   assert float(out.lower[0]) > 0.0  # a finite lower bound from one direction is reported
 
 
+def test_lower_residual_has_the_sign_of_the_lower_bound_minus_the_target():
+  """The lower eps is searched on log delta_clt - log(target + err), a smooth stand-in for
+  log(delta_clt - err) - log target: it must have the same sign wherever the lower bound is
+  finite and be negative wherever it is vacuous (err >= delta_clt)."""
+  rng = np.random.default_rng(3)
+  clt, err = rng.uniform(-40.0, 0.0, (2, 4000))
+  err[:200] = clt[:200] + rng.uniform(-1e-6, 1e-6, 200)  # near the vacuous point
+  log_delta = rng.uniform(-30.0, -1.0, 4000)
+  lower = np.where(err < clt, clt + np.log1p(-np.exp(np.where(err < clt, err - clt, -1.0))),
+                   -np.inf)
+  values = jnp.stack([lower, clt, np.logaddexp(clt, err)])
+  residual = np.asarray(spa._residuals(values, dict(clt=clt, log_err=err), log_delta)[0])
+  exact = lower - log_delta
+  clear = np.abs(exact) > 1e-9  # away from rounding ties at the root itself
+  np.testing.assert_array_equal(np.sign(residual[clear]), np.sign(exact[clear]))
+  assert np.all(np.isfinite(residual))
+
 def test_jit_vmap_and_grad():
   comp = lambda s: _sgd(0.01, s, 3000)
   f = lambda s, m="clt": jaxacct.epsilon(comp(s), 1e-5, accountant="spa", method=m).estimate
