@@ -78,24 +78,32 @@ _GL_PANELS = 128
 _GL_X, _GL_W = np.polynomial.legendre.leggauss(_GL_ORDER)
 
 
+def _unit_rule(panels):
+  """Nodes and weights of the composite rule on [0, 1] (numpy constants): a node set on [lo, hi]
+  is then lo + (hi - lo) x, one multiply-add per node."""
+  left = np.arange(panels)[:, None] / panels
+  x = left + 0.5 * (1.0 + _GL_X)[None, :] / panels
+  w = np.broadcast_to(0.5 * _GL_W / panels, (panels, _GL_ORDER))
+  return x.reshape(-1), w.reshape(-1)
+
+
 def composite_nodes(lo, hi, panels=None):
   """Nodes and weights of the composite Gauss-Legendre rule on [lo, hi] (arrays, traceable), with
-  ``panels`` panels (static; default _GL_PANELS)."""
-  panels = _GL_PANELS if panels is None else panels
-  width = (hi - lo) / panels
-  left = lo + width * jnp.arange(panels)
-  x = left[:, None] + 0.5 * width * (1.0 + jnp.asarray(_GL_X))[None, :]
-  w = 0.5 * width * jnp.broadcast_to(jnp.asarray(_GL_W), (panels, _GL_ORDER))
-  return x.reshape(-1), w.reshape(-1)
+  ``panels`` panels (static; default _GL_PANELS). Scaled from a constant rule on [0, 1]: built
+  from iotas instead, the nodes fused into the loss computations kept XLA (CPU) from vectorising
+  them (the batched saddle point ran ~25% slower)."""
+  x, w = _unit_rule(_GL_PANELS if panels is None else panels)
+  lo, hi = jnp.asarray(lo), jnp.asarray(hi)
+  width = (hi - lo)[..., None]
+  return lo[..., None] + width * x, width * w
 
 
 def standard_normal_nodes(lo, hi, panels=None):
   """(log weight, u): a quadrature of N(0, 1) restricted to [lo, hi]. (The log of a weight is
-  log(width / 2) + log(w_j): one scalar log instead of one per node.)"""
-  panels = _GL_PANELS if panels is None else panels
+  log(hi - lo) + log(w_j): one scalar log instead of one per node.)"""
   u, _ = composite_nodes(lo, hi, panels)
-  log_w = (jnp.log(0.5 * (hi - lo) / panels)[..., None]
-           + jnp.tile(jnp.asarray(np.log(_GL_W)), panels))
+  _, w = _unit_rule(_GL_PANELS if panels is None else panels)
+  log_w = jnp.log(jnp.asarray(hi) - lo)[..., None] + np.log(w)
   return log_w - 0.5 * u * u - 0.5 * np.log(2.0 * np.pi), u
 
 
