@@ -214,6 +214,7 @@ def test_lower_residual_has_the_sign_of_the_lower_bound_minus_the_target():
   np.testing.assert_array_equal(np.sign(residual[clear]), np.sign(exact[clear]))
   assert np.all(np.isfinite(residual))
 
+
 def test_jit_vmap_and_grad():
   comp = lambda s: _sgd(0.01, s, 3000)
   f = lambda s, m="clt": jaxacct.epsilon(comp(s), 1e-5, accountant="spa", method=m).estimate
