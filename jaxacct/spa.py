@@ -44,8 +44,9 @@ _LOG_T_GRID = np.linspace(math.log(1e-8), math.log(1e3), 33)
 # falls back to its bracket's safe end.
 _NEWTON_STEPS = 24
 _NEWTON_TOL = 1e-6
-# The search runs on a quarter-size rule over the bracket; one Newton step on the full rule then
-# polishes the root (see ``bracketed_root``; a second step changed no sweep result by > 1e-7).
+# The search runs on a quarter-size rule over the bracket; one Newton step then polishes the root
+# with the full rule's value and the search's last slope (see ``bracketed_root``; a second step
+# changed no sweep result by > 1e-7).
 _NEWTON_PANELS = 32
 # The scan reads K from a coarse rule (_SCAN_PANELS x 16 nodes): it only has to find the grid
 # cell of the root (on 400 random settings, q 1e-5..1, sigma 0.3..20, T 1..1e7, delta
@@ -131,8 +132,8 @@ def _decreasing_root(make_residual, grid_values, which, composition, add):
   """Root in x = log t of a decreasing residual, given its (coarse) values on _LOG_T_GRID: the
   grid cell where it changes sign, then safeguarded Newton on that cell and its neighbours
   (implicit gradients), started at the coarse values' linear interpolation: the search reads
-  ``make_residual(nodes)`` from a quarter-size node set for the bracket, the polish step the
-  full rule's. Returns both node sets.
+  ``make_residual(nodes)`` from a quarter-size node set for the bracket, the polish step reads
+  the full rule's value. Returns both node sets.
 
   ``which`` picks the result: 0 the Newton point, +1 the bracket end where residual <= 0, -1 the
   end where residual >= 0 (the safe ends for upper and lower bounds; the Newton point once it
@@ -152,6 +153,7 @@ def _decreasing_root(make_residual, grid_values, which, composition, add):
   below = jnp.where(lower_side, ~jnp.any(nonneg), ~nonneg[0])
   beyond = jnp.where(lower_side, nonneg[-1], jnp.all(nonneg))
   i = jnp.clip(jnp.where(lower_side, last_nonneg, first_neg - 1), 0, n - 2)
+  i = jnp.where(below, 0, jnp.where(beyond, n - 2, i))  # the bracket is then that grid end
   lo, hi = grid[jnp.maximum(i - 1, 0)], grid[jnp.minimum(i + 2, n - 1)]
   lo = jnp.where(beyond, grid[-1], lo)
   hi = jnp.where(below, grid[0], hi)

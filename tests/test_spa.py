@@ -53,6 +53,41 @@ def test_integer_order_cgf_matches_binomial_sum(q, sigma, alpha):
   assert got == pytest.approx(math.log(sum(terms)), rel=1e-10, abs=1e-15)
 
 
+@pytest.mark.parametrize("params,ref", CGF_TABLE)
+def test_tilt_derivative_rule_matches_mpmath(params, ref):
+  """The custom derivative of the tilted cumulants in t on fixed nodes (each Newton step of the
+  saddle point) is the next cumulant: d/dt (K, K', K'', K''') = (K', K'', K''', K'''')."""
+  q, sigma, t = params
+  nodes = models.PoissonSampled(models.Gaussian(sigma), q).loss_nodes(jnp.asarray(t))
+  _, rates = jax.jvp(lambda s: cgf.tilted_cumulants(*nodes, s), (jnp.asarray(t),),
+                     (jnp.ones(()),))
+  np.testing.assert_allclose(np.asarray(rates)[:4], ref[1:], rtol=1e-8)
+
+
+def test_cumulant_derivative_rule_matches_finite_differences():
+  """Every tangent direction (weights, losses, tilt) of (K, ..., K'''', rho), and the tilt-only
+  rule for rho, against central differences of the plain moment sums."""
+  rng = np.random.default_rng(3)
+  n = 64
+  log_w = jnp.asarray(rng.normal(size=n) - 3.0)
+  loss = jnp.asarray(rng.normal(size=n) * 1.5 + 0.2)
+  t = jnp.asarray(0.8)
+  h = 1e-5
+  # In t alone (the nodes closed over: symbolic zero tangents, the tilt-only rule).
+  _, got = jax.jvp(lambda s: cgf.tilted_cumulants(log_w, loss, s), (t,), (jnp.ones(()),))
+  want = (np.asarray(cgf.tilted_cumulants(log_w, loss, t + h))
+          - np.asarray(cgf.tilted_cumulants(log_w, loss, t - h))) / (2 * h)
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6, atol=1e-9)
+  cases = [(jnp.zeros(n), jnp.zeros(n), 1.0),
+           (jnp.asarray(rng.normal(size=n)), jnp.asarray(rng.normal(size=n)), 0.3)]
+  for direction in cases:
+    _, got = jax.jvp(cgf.tilted_cumulants, (log_w, loss, t), direction)
+    moved = lambda s: [p + s * d for p, d in zip((log_w, loss, t), direction)]
+    want = (np.asarray(cgf.tilted_cumulants(*moved(h)))
+            - np.asarray(cgf.tilted_cumulants(*moved(-h)))) / (2 * h)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6, atol=1e-9)
+
+
 def test_cumulants_are_derivatives_of_k():
   model = models.PoissonSampled(models.Gaussian(0.9), 0.05)
   k = lambda t: cgf.step_cumulants(model, t)[0]
