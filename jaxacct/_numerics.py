@@ -166,13 +166,14 @@ def newton_in_bracket(value_and_slope, lo, hi, x0, iters=8, tol=0.0):
   return x, a, b, done, slope
 
 
-def implicit_root(fn, solve, initial_guess):
+def implicit_root(fn, solve, initial_guess, has_aux=False):
   """Scalar root of ``fn`` found by ``solve(fn, guess)``, differentiated implicitly.
 
   Gradients with respect to anything ``fn`` closes over follow the implicit-function theorem
-  d x / d theta = -(d fn / d theta) / (d fn / d x), never the solver's iterations.
+  d x / d theta = -(d fn / d theta) / (d fn / d x), never the solver's iterations. With
+  ``has_aux`` the solver returns (root, aux) and so does this (aux without gradients).
   """
-  return jax.lax.custom_root(fn, initial_guess, solve, lambda g, y: y / g(1.0))
+  return jax.lax.custom_root(fn, initial_guess, solve, lambda g, y: y / g(1.0), has_aux=has_aux)
 
 
 def bracketed_root(residual, lo, hi, iters, which=0, tol=0.0, start=None, coarse=None,
@@ -191,6 +192,8 @@ def bracketed_root(residual, lo, hi, iters, which=0, tol=0.0, start=None, coarse
   -1 the end where residual >= 0 (a point whose sign was evaluated: the safe ends for upper and
   lower bounds), or the Newton point where it converged (callers then check its sign). May be
   traced.
+
+  Returns (root, the slope the search last read; no gradient).
   """
 
   # Forward mode: one tangent for a scalar function is cheaper than a reverse pass.
@@ -207,9 +210,9 @@ def bracketed_root(residual, lo, hi, iters, which=0, tol=0.0, start=None, coarse
     if coarse is not None:  # a loop, not unrolled: one copy of the residual to compile
       x = jax.lax.fori_loop(0, polish, polish_step, x)
     end = jnp.where(which > 0, b, jnp.where(which < 0, a, x))
-    return jnp.where(converged, x, end)
+    return jnp.where(converged, x, end), slope
 
-  return implicit_root(residual, solve, jnp.zeros(()))
+  return implicit_root(residual, solve, jnp.zeros(()), has_aux=True)
 
 
 def check_range(name, value, low, high, low_open=True, high_open=True):

@@ -310,7 +310,7 @@ def _epsilon_direction(composition, delta, method, add):
   above = values[0] > delta
   i = jnp.max(jnp.where(above, index, -1))
   cell = jnp.clip(i, 0, last - 1)
-  estimate = bracketed_root(residual(0), grid[cell], grid[cell + 1], _ITERS)
+  estimate, _ = bracketed_root(residual(0), grid[cell], grid[cell + 1], _ITERS)
   estimate = jnp.where(i < 0, 0.0, jnp.where(i == last, jnp.inf, estimate))
   crossings = jnp.sum(above[1:] != above[:-1])
 
@@ -318,7 +318,7 @@ def _epsilon_direction(composition, delta, method, add):
   below = values[1] <= delta
   j = jnp.argmax(below)
   cell = jnp.clip(j - 1, 0, last - 1)
-  upper = bracketed_root(residual(1), grid[cell], grid[cell + 1], _ITERS, which=1)
+  upper, _ = bracketed_root(residual(1), grid[cell], grid[cell + 1], _ITERS, which=1)
   upper = jnp.where(j == 0, 0.0, upper)
   upper = jnp.where(jnp.any(below), upper, jnp.inf)
 
@@ -326,7 +326,7 @@ def _epsilon_direction(composition, delta, method, add):
   over = values[2] > delta
   k = jnp.max(jnp.where(over, index, -1))
   cell = jnp.clip(k, 0, last - 1)
-  lower = bracketed_root(residual(2), grid[cell], grid[cell + 1], _ITERS, which=-1)
+  lower, _ = bracketed_root(residual(2), grid[cell], grid[cell + 1], _ITERS, which=-1)
   lower = jnp.where(k == last, grid[last], lower)
   lower = jnp.where(k < 0, jnp.nan, lower)
 

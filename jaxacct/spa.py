@@ -133,13 +133,14 @@ def _decreasing_root(make_residual, grid_values, which, composition, add):
   grid cell where it changes sign, then safeguarded Newton on that cell and its neighbours
   (implicit gradients), started at the coarse values' linear interpolation: the search reads
   ``make_residual(nodes)`` from a quarter-size node set for the bracket, the polish step reads
-  the full rule's value. Returns both node sets.
+  the full rule's value.
 
   ``which`` picks the result: 0 the Newton point, +1 the bracket end where residual <= 0, -1 the
   end where residual >= 0 (the safe ends for upper and lower bounds; the Newton point once it
-  converged). Also returns whether the sign change lies inside the grid at all (``below``: none
-  at or after the first point; ``beyond``: none before the last point), and the node set of the
-  bracket. Without a sign change the bracket is the nearer grid end (one step).
+  converged). Also returns the slope the search last read (on the quarter-size rule), whether
+  the sign change lies inside the grid at all (``below``: none at or after the first point;
+  ``beyond``: none before the last point), and the full rule's node set for the bracket. Without
+  a sign change the bracket is the nearer grid end (one step).
   """
   grid = jnp.asarray(_LOG_T_GRID)
   n = grid.shape[0]
@@ -163,9 +164,9 @@ def _decreasing_root(make_residual, grid_values, which, composition, add):
   start = jnp.clip(grid[i] + fraction * (grid[i + 1] - grid[i]), lo, hi)
   nodes = tilt_nodes(composition, jnp.exp(lo), jnp.exp(hi), add)
   coarse = tilt_nodes(composition, jnp.exp(lo), jnp.exp(hi), add, panels=_NEWTON_PANELS)
-  x = bracketed_root(make_residual(nodes), lo, hi, _NEWTON_STEPS, which, _NEWTON_TOL,
-                     jax.lax.stop_gradient(start), coarse=make_residual(coarse))
-  return x, below, beyond, nodes, coarse
+  x, slope = bracketed_root(make_residual(nodes), lo, hi, _NEWTON_STEPS, which, _NEWTON_TOL,
+                            jax.lax.stop_gradient(start), coarse=make_residual(coarse))
+  return x, slope, below, beyond, nodes
 
 
 def saddle_point(composition: Composition, eps, add=False):
@@ -173,7 +174,7 @@ def saddle_point(composition: Composition, eps, add=False):
   inside the searched range."""
   residual = lambda nodes: (lambda x: -_phi_prime(composition, x, eps, add, nodes)[0])
   values = _scan(lambda x, nodes: residual(nodes)(x), composition, add)
-  log_t, _, beyond, _, _ = _decreasing_root(residual, values, 0, composition, add)
+  log_t, _, _, beyond, _ = _decreasing_root(residual, values, 0, composition, add)
   return log_t, ~beyond
 
 
@@ -225,17 +226,16 @@ def _epsilon_direction(composition, delta, method, add):
 
   def one(field, which):  # lower (field 0), estimate (1), upper (2) and its safe bracket end
     residual = lambda nodes: (lambda x: residuals(x, nodes)[field])
-    log_t, below, beyond, nodes, coarse = _decreasing_root(residual, grid_values[:, field],
-                                                           which, composition, add)
+    log_t, slope, below, beyond, nodes = _decreasing_root(residual, grid_values[:, field],
+                                                          which, composition, add)
     # The returned point must be on its safe side (delta_upper <= target for the upper eps,
     # delta_lower >= target for the lower), whatever the shape of the curve: else no bound.
     on_safe_side = lambda gap: jnp.where(which > 0, gap <= 0.0, jnp.where(which < 0, gap >= 0.0,
                                                                          True))
     # The curve carries rounding noise (up to ~1e-10 in log delta at large T, from cancelling
     # terms), so a bound's point first moves further to its safe side (delta falls as t grows)
-    # by what changes its residual by 1e-8 (the slope read on the coarse rule: only its size
-    # matters): the bound loosens by ~1e-8 relative.
-    _, slope = jax.jvp(residual(coarse), (log_t,), (jnp.ones_like(log_t),))
+    # by what changes its residual by 1e-8 (the slope the search last read, on the coarse rule:
+    # only its size matters): the bound loosens by ~1e-8 relative.
     nudge = which * jnp.clip(1e-8 / jnp.abs(slope), 1e-12, 1e-3)
     log_t = log_t + jax.lax.stop_gradient(nudge)
     values, eps, terms = curve(log_t, nodes)  # the nodes the root was found on

@@ -62,21 +62,24 @@ def test_root_finder_converges_early_and_differentiates_implicitly():
     x, *_ = newton_in_bracket(slope, -5.0, 1.0, -2.0, iters=60, tol=1e-12)
     assert float(x) == pytest.approx(1.0, abs=1e-9)
     # Implicit gradient: x(theta) = theta^(1/3) solves theta - x^3 = 0.
-    root = lambda theta: bracketed_root(lambda x: theta - x ** 3, 0.0, 4.0, 60, tol=1e-14)
+    root = lambda theta: bracketed_root(lambda x: theta - x ** 3, 0.0, 4.0, 60, tol=1e-14)[0]
     theta = 2.7
     assert float(root(theta)) == pytest.approx(theta ** (1 / 3), rel=1e-12)
+    # The slope the search last read (at a point within 1e-14 of the root): -3 x^2.
+    slope_near_root = bracketed_root(lambda x: theta - x ** 3, 0.0, 4.0, 60, tol=1e-14)[1]
+    assert float(slope_near_root) == pytest.approx(-3.0 * theta ** (2 / 3), rel=1e-9)
     assert float(jax.grad(root)(theta)) == pytest.approx(theta ** (-2 / 3) / 3, rel=1e-10)
     # A search on a coarse approximation (root off by ~3e-8), then one polish step that reads
     # the exact value and the coarse slope: the exact root, and the exact implicit gradient.
     polished = lambda theta: bracketed_root(
         lambda x: theta - x ** 3, 0.0, 4.0, 60, tol=1e-6,
-        coarse=lambda x: theta * (1.0 + 1e-7) - x ** 3 * (1.0 + 1e-8))
+        coarse=lambda x: theta * (1.0 + 1e-7) - x ** 3 * (1.0 + 1e-8))[0]
     assert float(polished(theta)) == pytest.approx(theta ** (1 / 3), rel=1e-13)
     assert float(jax.grad(polished)(theta)) == pytest.approx(theta ** (-2 / 3) / 3, rel=1e-10)
     # The bracket ends are returned for bounds when Newton has not converged (here: no steps).
     residual = lambda x: 1.0 - x
-    assert float(bracketed_root(residual, 0.0, 3.0, 1, which=1, tol=1e-14)) == 1.5
-    assert float(bracketed_root(residual, 0.0, 3.0, 1, which=-1, tol=1e-14)) == 0.0
+    assert float(bracketed_root(residual, 0.0, 3.0, 1, which=1, tol=1e-14)[0]) == 1.5
+    assert float(bracketed_root(residual, 0.0, 3.0, 1, which=-1, tol=1e-14)[0]) == 0.0
 
 
 def test_vectorised_batches_in_padded_blocks():
