@@ -61,6 +61,9 @@ _SCAN_PANELS = 16
 _SHARED_SCAN_TILT = 1.0
 # Relative slack added to the error bound for the quadrature error of K (per unit of count).
 _QUADRATURE_SLACK = 1e-12
+# An upper delta below the smallest normal float64 is reported as that number: exp would
+# return 0, which is below the (positive) true delta.
+_LOG_TINY = math.log(np.finfo(np.float64).tiny)
 
 
 def _terms(cum, t, eps):
@@ -187,7 +190,8 @@ def _delta_direction(composition, eps, method, add):
   status = status | jnp.where(terms["unreliable"], results.UNRELIABLE, results.OK)
   # Beyond the searched tilts the bound is still valid (it holds at any tilt).
   status = status | jnp.where(inside, results.OK, results.OUT_OF_RANGE)
-  return Bounds(jnp.exp(lower), jnp.exp(estimate), jnp.exp(upper), status.astype(jnp.int32))
+  return Bounds(jnp.exp(lower), jnp.exp(estimate), jnp.exp(jnp.maximum(upper, _LOG_TINY)),
+                status.astype(jnp.int32))
 
 
 def _curve_point(composition, log_t, method, add, nodes=None):
