@@ -74,10 +74,11 @@ def _tilted_cumulants_jvp(primals, tangents):
   is_zero = lambda x: isinstance(x, SymbolicZero)
   if is_zero(d_log_weights) and is_zero(d_losses):
     d_t = jnp.zeros_like(t) if is_zero(d_t) else d_t
-    m4, m5, abs3_d, abs_d_d = (moment(f) for f in (d2 * d2, d2 * d2 * d, abs_d * d2 * d,
-                                                      abs_d * d))
-    rates = jnp.stack([mean, m2, m3, m4 - 3.0 * m2 * m2, m5 - 10.0 * m3 * m2,
-                       abs3_d - 3.0 * m2 * abs_d_d])
+    m5, abs3_d, abs_d_d = (moment(f) for f in (d2 * d2 * d, abs_d * d2 * d, abs_d * d))
+    # (K, K', K'', K''') move by the next cumulant, read off ``out``; K'''' and rho need m5,
+    # E|d|^3 d and E d|d|.
+    rates = jnp.concatenate([out[1:5], jnp.stack([m5 - 10.0 * m3 * m2,
+                                                  abs3_d - 3.0 * m2 * abs_d_d])])
     return out, rates * d_t
   dense = lambda x, like: jnp.zeros_like(like) if is_zero(x) else x
   d_losses = dense(d_losses, losses)
