@@ -19,6 +19,14 @@ F64_EPS = float(np.finfo(np.float64).eps)
 # Loss values beyond +-LOSS_BIG carry no mass for any supported model; clamping edges there keeps
 # every intermediate finite (and every gradient free of inf * 0).
 LOSS_BIG = 1.0e4
+# Log of the smallest normal float64: an upper bound exp'd below it would read 0.0.
+LOG_TINY = float(np.log(np.finfo(np.float64).tiny))
+
+
+def exp_upper(log_value):
+  """exp of the log of an upper bound, never below the smallest normal float64: exp would
+  return 0.0 there, which is below any positive true value (and so not an upper bound)."""
+  return jnp.exp(jnp.maximum(log_value, LOG_TINY))
 
 
 def float64(fn):

@@ -36,8 +36,8 @@ import numpy as np
 from jax.scipy.special import erf, erfc, ndtr
 
 from jaxacct import results
-from jaxacct._numerics import (F64_EPS, fast_jit, float64, implicit_root, newton_in_bracket,
-                               scoped_gradients)
+from jaxacct._numerics import (F64_EPS, exp_upper, fast_jit, float64, implicit_root,
+                               newton_in_bracket, scoped_gradients)
 from jaxacct.composition import Composition, as_composition
 from jaxacct.models import Gaussian, PoissonSampled, _check_concrete
 from jaxacct.results import APPROXIMATION, Bounds
@@ -443,7 +443,7 @@ def _delta_bounds_impl(composition, eps):
     nan = jnp.full_like(delta, jnp.nan)
     return Bounds(nan, delta, nan, status)
   _, d_log = _rounding(composition, mu, eps, log_delta)
-  upper = jnp.where(positive, jnp.minimum(jnp.exp(log_delta + d_log), 1.0), 0.0)
+  upper = jnp.where(positive, jnp.minimum(exp_upper(log_delta + d_log), 1.0), 0.0)
   lower = jnp.where(positive, jnp.exp(log_delta - d_log), 0.0)
   return Bounds(lower, delta, upper, status)
 

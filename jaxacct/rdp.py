@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxacct import cgf, models
-from jaxacct._numerics import (float64, implicit_root, newton_in_bracket, safe_where,
+from jaxacct._numerics import (exp_upper, float64, implicit_root, newton_in_bracket, safe_where,
                                vectorised)
 from jaxacct._numerics import check_range as _check_range
 from jaxacct.composition import Composition, as_composition
@@ -206,7 +206,7 @@ def _epsilon_single(composition, delta):
 def _delta_single(composition, epsilon):
   t = _optimal_tilt(composition, _delta_condition(epsilon))
   log_delta = _log_delta_at(_composition_cgf(composition, t)[0], t, epsilon)
-  return _bounds(jnp.exp(jnp.minimum(log_delta, 0.0)))
+  return _bounds(exp_upper(jnp.minimum(log_delta, 0.0)))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ import numpy as np
 from jax.scipy.special import log_ndtr
 
 from jaxacct import results
-from jaxacct._numerics import bracketed_root
+from jaxacct._numerics import bracketed_root, exp_upper
 from jaxacct.cgf import cumulants, tilt_nodes, worst_direction
 from jaxacct.composition import Composition
 from jaxacct.results import Bounds
@@ -61,9 +61,6 @@ _SCAN_PANELS = 16
 _SHARED_SCAN_TILT = 1.0
 # Relative slack added to the error bound for the quadrature error of K (per unit of count).
 _QUADRATURE_SLACK = 1e-12
-# An upper delta below the smallest normal float64 is reported as that number: exp would
-# return 0, which is below the (positive) true delta.
-_LOG_TINY = math.log(np.finfo(np.float64).tiny)
 
 
 def _terms(cum, t, eps):
@@ -190,7 +187,7 @@ def _delta_direction(composition, eps, method, add):
   status = status | jnp.where(terms["unreliable"], results.UNRELIABLE, results.OK)
   # Beyond the searched tilts the bound is still valid (it holds at any tilt).
   status = status | jnp.where(inside, results.OK, results.OUT_OF_RANGE)
-  return Bounds(jnp.exp(lower), jnp.exp(estimate), jnp.exp(jnp.maximum(upper, _LOG_TINY)),
+  return Bounds(jnp.exp(lower), jnp.exp(estimate), exp_upper(upper),
                 status.astype(jnp.int32))
 
 

@@ -7,6 +7,7 @@ an infinite upper with the BELOW_FLOOR status, never a wrong finite number.
 
 import logging
 
+import numpy as np
 import pytest
 
 import jaxacct
@@ -48,3 +49,17 @@ def test_extreme_settings(sigma, rate, steps, delta, step):
     assert int(r.status) == 0
     assert upper >= lower_ref
     assert abs(estimate - upper_ref) <= 1e-3 * max(1.0, upper_ref)
+
+
+@pytest.mark.parametrize("accountant", ["pld", "spa", "edgeworth", "rdp", "gdp"])
+@pytest.mark.parametrize("composition,eps", [
+    (jaxacct.Composition.of((jaxacct.Gaussian(1.0), 1)), 40.0),
+    (jaxacct.Composition.of((jaxacct.Gaussian(1.0), 1)), 2000.0),
+    # The saddle point lies beyond the tilt grid (an upper bound from t = t_max).
+    (jaxacct.Composition.of((jaxacct.PoissonSampled(jaxacct.Gaussian(9.43), 0.000586), 556)), 24.9),
+])
+def test_upper_delta_never_underflows_to_zero(accountant, composition, eps):
+  """The true delta is positive however large eps is; an upper bound below float64's range is
+  reported as the smallest normal number (or is nan/inf where vacuous), never 0."""
+  upper = float(jaxacct.delta(composition, eps, accountant=accountant).upper)
+  assert not upper < np.finfo(np.float64).tiny, upper
