@@ -21,7 +21,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ACCOUNTANTS", "Bounds", "Composition", "EpsilonDelta", "Gaussian", "Laplace", "Plan",
-    "PoissonSampled", "PrivacyLoss", "PrivacyLossDistribution", "PureDP", "RELATIONS", "SampledGaussianReplaceOne",
+    "PoissonSampled", "PrivacyLoss", "PrivacyLossDistribution", "PureDP", "RELATIONS",
+    "SampledGaussianReplaceOne",
     "compose", "delta", "dpsgd_composition", "dpsgd_delta", "dpsgd_epsilon", "dpsgd_plan",
     "epsilon", "make_plan", "cgf", "edgeworth", "gdp", "rdp", "spa",
 ]

@@ -1,10 +1,15 @@
 """Shared helpers for the test suite. Reference libraries are test-only dependencies."""
 
 import math
+import os
 
 import numpy as np
 import pytest
 from scipy import optimize, stats
+
+
+# Tests never write into the user's compilation cache (the CLI's; see test_inputs for its test).
+os.environ["JAXACCT_NO_CACHE"] = "1"
 
 
 def gaussian_delta(eps, mu):

@@ -142,9 +142,8 @@ def test_tiny_delta_never_gives_wrong_finite_upper():
 CLI_SETTING = ["--noise-multiplier", "1.0", "--sampling-rate", "0.01", "--steps", "1000"]
 
 
-def _run_cli(*args):
-  env = dict(os.environ)
-  env["JAXACCT_NO_CACHE"] = "1"
+def _run_cli(*args, env=None):
+  env = dict(os.environ) if env is None else env
   env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
   return subprocess.run([sys.executable, "-m", "jaxacct.cli", *args], cwd=REPO, env=env,
                         capture_output=True, text=True, timeout=300)
@@ -156,6 +155,20 @@ def _nonempty_lines(text):
 
 def _is_number(v):
   return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def test_cli_caches_compiled_programs_unless_told_not_to(tmp_path):
+  """The command caches compiled programs under ~/.cache/jaxacct; JAXACCT_NO_CACHE turns it off
+  (the test session sets it, so tests never write into the user's cache)."""
+  env = {k: v for k, v in os.environ.items() if k != "JAXACCT_NO_CACHE"}
+  env["HOME"] = str(tmp_path)
+  argv = ["epsilon", "--accountant", "spa", "--steps", "3000", "--json"]
+  assert _run_cli(*argv, env=env).returncode == 0
+  assert os.listdir(tmp_path / ".cache" / "jaxacct" / "xla")
+  env["HOME"] = str(tmp_path / "off")
+  env["JAXACCT_NO_CACHE"] = "1"
+  assert _run_cli(*argv, env=env).returncode == 0
+  assert not (tmp_path / "off" / ".cache").exists()
 
 
 def test_cli_epsilon_json():
@@ -216,8 +229,7 @@ BAD_CLI = [
 
 
 @pytest.mark.parametrize("argv,name", BAD_CLI, ids=[" ".join(a) for a, _ in BAD_CLI])
-def test_cli_bad_value_in_process(argv, name, capsys, monkeypatch):
-  monkeypatch.setenv("JAXACCT_NO_CACHE", "1")
+def test_cli_bad_value_in_process(argv, name, capsys):
   assert jaxacct.cli.main(argv) == 2
   captured = capsys.readouterr()
   assert captured.out == ""
@@ -227,8 +239,7 @@ def test_cli_bad_value_in_process(argv, name, capsys, monkeypatch):
   assert name in lines[0]
 
 
-def test_cli_non_number_in_process(capsys, monkeypatch):
-  monkeypatch.setenv("JAXACCT_NO_CACHE", "1")
+def test_cli_non_number_in_process(capsys):
   with pytest.raises(SystemExit) as info:
     jaxacct.cli.main(["epsilon", "--steps", "abc"])
   assert info.value.code == 2
