@@ -241,7 +241,8 @@ def _low_log_spectrum(pmf, n, k0, block):
   relative to their own size (1 - e^{-ix} as 2 sin^2(x/2) + i sin x), so log F'_k = log S +
   log1p(-A_k/S) has a relative error ~eps and T log F'_k stays accurate. Positions are grouped in
   blocks of ``block`` points, inside which e^{-i theta r} is expanded to order 8 (theta block <=
-  0.05), so the cost is (M / block) * k0 rather than M * k0.
+  0.05), so the cost is (M / block) * k0 rather than M * k0, done in chunks of frequencies so
+  that memory stays within a few arrays of the FFT's length.
   """
   m = pmf.shape[0]
   blocks = -(-m // block)
@@ -255,27 +256,42 @@ def _low_log_spectrum(pmf, n, k0, block):
   centre = jax.lax.stop_gradient(jnp.round(jnp.sum(pmf * index) / total))
   offsets = jnp.arange(blocks, dtype=jnp.float64) * block - centre   # block start - centre
   theta = (2.0 * math.pi / n) * jnp.arange(k0, dtype=jnp.float64)     # [k0]
-  x = theta[:, None] * offsets[None, :]                          # [k0, blocks]
-  half = jnp.sin(0.5 * x)
-  one_minus_re, one_minus_im = 2.0 * half * half, jnp.sin(x)     # 1 - e^{-ix}
-  cos_x, sin_x = 1.0 - one_minus_re, one_minus_im                # e^{-ix} = cos x - i sin x
-  # sum_{p>=1} (-i theta)^p moment_p: real parts from even p, imaginary from odd p.
   p = np.arange(1, _TAYLOR_TERMS)
   signs_re = np.where(p % 2 == 0, (-1.0) ** (p // 2), 0.0)
   signs_im = np.where(p % 2 == 1, -((-1.0) ** (p // 2)), 0.0)
-  theta_pow = theta[:, None] ** p[None, :]                       # [k0, P-1]
-  taylor_re = (theta_pow * signs_re) @ moments[:, 1:].T           # [k0, blocks]
-  taylor_im = (theta_pow * signs_im) @ moments[:, 1:].T
-  # A_k = sum_J [ m0_J (1 - e^{-ix}) - e^{-ix} taylor_J ]
-  a_re = jnp.sum(moments[None, :, 0] * one_minus_re - (cos_x * taylor_re + sin_x * taylor_im), 1)
-  a_im = jnp.sum(moments[None, :, 0] * one_minus_im - (cos_x * taylor_im - sin_x * taylor_re), 1)
-  zr, zi = a_re / total, a_im / total
-  # |1 - z|^2 - 1 >= -1; the clamp only keeps rounding (where |z| ~ 1 and the value is not used,
-  # see _LOW_BAND_MAX_Z) from giving NaNs.
-  log_abs = jnp.log(total) + 0.5 * jnp.log1p(jnp.maximum(-2.0 * zr + zr * zr + zi * zi,
-                                                         -1.0 + 1e-300))
-  arg = jnp.arctan2(-zi, 1.0 - zr)
-  return log_abs + 1j * arg, centre.astype(jnp.int64), jnp.hypot(zr, zi)
+
+  def log_spectrum(theta):  # [c] frequencies -> (log F'_k, |z_k|)
+    x = theta[:, None] * offsets[None, :]                        # [c, blocks]
+    half = jnp.sin(0.5 * x)
+    one_minus_re, one_minus_im = 2.0 * half * half, jnp.sin(x)   # 1 - e^{-ix}
+    cos_x, sin_x = 1.0 - one_minus_re, one_minus_im              # e^{-ix} = cos x - i sin x
+    # sum_{p>=1} (-i theta)^p moment_p: real parts from even p, imaginary from odd p.
+    theta_pow = theta[:, None] ** p[None, :]                     # [c, P-1]
+    taylor_re = (theta_pow * signs_re) @ moments[:, 1:].T         # [c, blocks]
+    taylor_im = (theta_pow * signs_im) @ moments[:, 1:].T
+    # A_k = sum_J [ m0_J (1 - e^{-ix}) - e^{-ix} taylor_J ]
+    a_re = jnp.sum(moments[None, :, 0] * one_minus_re - (cos_x * taylor_re + sin_x * taylor_im),
+                   1)
+    a_im = jnp.sum(moments[None, :, 0] * one_minus_im - (cos_x * taylor_im - sin_x * taylor_re),
+                   1)
+    zr, zi = a_re / total, a_im / total
+    # |1 - z|^2 - 1 >= -1; the clamp only keeps rounding (where |z| ~ 1 and the value is not
+    # used, see _LOW_BAND_MAX_Z) from giving NaNs.
+    log_abs = jnp.log(total) + 0.5 * jnp.log1p(jnp.maximum(-2.0 * zr + zr * zr + zi * zi,
+                                                           -1.0 + 1e-300))
+    return log_abs + 1j * jnp.arctan2(-zi, 1.0 - zr), jnp.hypot(zr, zi)
+
+  # The [frequencies, blocks] arrays stay within the FFT's own size: a plan that serves a wide
+  # sweep (finest grid of one setting, widest window of another) can have k0 x blocks >> n.
+  chunk = max(1, n // blocks)
+  if k0 <= chunk:
+    log_f, deviation = log_spectrum(theta)
+  else:
+    chunks = -(-k0 // chunk)
+    padded_theta = jnp.concatenate([theta, jnp.zeros(chunks * chunk - k0)])
+    log_f, deviation = jax.lax.map(log_spectrum, padded_theta.reshape(chunks, chunk))
+    log_f, deviation = log_f.reshape(-1)[:k0], deviation.reshape(-1)[:k0]
+  return log_f, centre.astype(jnp.int64), deviation
 
 
 _TINY = 1e-150  # spectrum values below this count as 0 (their powers are below 1e-150)

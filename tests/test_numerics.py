@@ -100,3 +100,45 @@ def test_vectorised_batches_in_padded_blocks():
     grid = np.asarray(run({"a": np.ones((2, 1)), "b": 0.0}, np.ones((1, 3)))["y"])
     np.testing.assert_allclose(grid, np.full((2, 3), np.sin(1.0)), rtol=1e-15)
   assert len(calls) == 3  # the scalar, blocks of 4 (remainder 3 padded to 4) and a block of 2
+
+
+@pytest.mark.parametrize("n,k0,block", [(4096, 40, 3), (256, 60, 1), (1024, 97, 1)])
+def test_low_band_spectrum_matches_a_direct_dft(n, k0, block):
+  """log F'_k of the direct low-band sums against a long-double DFT, on the single-pass path
+  (k0 <= n / blocks) and the chunked one that bounds memory (k0 > n / blocks, padded or not)."""
+  rng = np.random.default_rng(n + k0)
+  pmf = rng.exponential(size=200) * np.exp(-0.5 * ((np.arange(200) - 90) / 25.0) ** 2)
+  with jax.enable_x64(True):
+    log_f, centre, _ = pld._low_log_spectrum(jnp.asarray(pmf), n, k0, block)
+  j = np.arange(200, dtype=np.longdouble)
+  k = np.arange(k0, dtype=np.longdouble)[:, None]
+  angle = -2 * np.pi * k * (j[None, :] - int(centre)) / n  # F'_k: F_k without the centre's phase
+  expected = (np.sum(pmf * np.cos(angle), 1)
+              + 1j * np.sum(pmf * np.sin(angle), 1)).astype(complex)
+  np.testing.assert_allclose(np.exp(np.asarray(log_f)), expected, rtol=1e-12, atol=1e-13)
+
+
+def test_a_wide_sweep_plan_runs_the_low_band_in_chunks():
+  """A plan for a sweep takes the finest grid of one setting and the widest window of another;
+  its low band then has k0 x blocks >> n (at q 1e-3 vs 0.39 and 1e-10, ~50 GB in one pass). The
+  sweep runs it in chunks; its brackets and each setting's own must both hold the truth."""
+  with jax.enable_x64(True):
+    scale, rate, count = [13.0, 2.0], [0.001, 0.3], [10.0, 2.0]
+    comp = jaxacct.Composition.of((jaxacct.PoissonSampled(
+        jaxacct.Laplace(jnp.array(scale)), jnp.array(rate)), jnp.array(count)))
+    plan = jaxacct.make_plan(comp, 1e-6)
+    assert plan.low_frequencies * (plan.per_step_size // plan.block) > 100 * plan.fft_size
+    # Compiled working memory of one setting: a few dozen arrays of the FFT's length (one pass
+    # would need ~2000).
+    one = jaxacct.Composition.of((jaxacct.PoissonSampled(jaxacct.Laplace(2.0), 0.3), 2.0))
+    one = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float64), one)
+    memory = jax.jit(lambda c: pld.compose(c, plan)).lower(one).compile().memory_analysis()
+    assert memory.temp_size_in_bytes <= 100 * 8 * plan.fft_size
+    swept = jaxacct.epsilon(comp, 1e-6, plan=plan)
+    for i in range(2):
+      alone = jaxacct.epsilon(jaxacct.Composition.of((jaxacct.PoissonSampled(
+          jaxacct.Laplace(scale[i]), rate[i]), count[i])), 1e-6)
+      assert int(swept.status[i]) == 0
+      assert float(swept.lower[i]) <= float(alone.upper)
+      assert float(alone.lower) <= float(swept.upper[i])
+      assert float(alone.lower) <= float(swept.estimate[i]) <= float(alone.upper)
