@@ -23,7 +23,7 @@ from jaxacct._numerics import (fast_jit, flatten_batch, float64, is_traced, scop
                                unbatched, vectorised)
 from jaxacct.composition import Composition, as_composition
 from jaxacct.models import Gaussian, PoissonSampled, SampledGaussianReplaceOne
-from jaxacct.results import WINDOW_TOO_SMALL, Bounds
+from jaxacct.results import BELOW_FLOOR, WINDOW_TOO_SMALL, Bounds
 
 RELATIONS = ("add_remove", "replace_one")
 # accountant -> (module with epsilon/delta functions, its methods; the first is the default).
@@ -86,16 +86,37 @@ def _run(one, many, composition, x, plan, batch_size):
   return jax.tree_util.tree_map(lambda a: a.reshape(shape), out)
 
 
-def _run_planned(one, many, composition, x, plan, planned_here, batch_size):
-  """``_run``; when jaxacct planned the grid itself and the composed loss outgrew its window
-  (status WINDOW_TOO_SMALL, bounds widened), it retries with a twice larger window (twice)."""
+# Certificates that can fail on a sweep's shared plan (made for its extremes: the finest grid,
+# the widest window and the smallest delta of all its settings) and hold on a setting's own.
+_SHARED_PLAN_FAILED = WINDOW_TOO_SMALL | BELOW_FLOOR
+
+
+def _run_planned(one, many, composition, x, plan, replan, batch_size):
+  """``_run`` on a plan jaxacct made itself (``replan(composition, x)`` plans one setting; None
+  when the caller gave the plan). When the composed loss outgrew the window (WINDOW_TOO_SMALL,
+  bounds widened) it retries with a twice larger window (twice). In a batch, a setting whose
+  certificate failed on the shared plan is rerun on a plan of its own (the tighter upper kept)."""
   result = _run(one, many, composition, x, plan, batch_size)
-  for _ in range(2 if planned_here and not is_traced(result) else 0):
+  if replan is None or is_traced(result):
+    return result
+  for _ in range(2):
     if not np.any(np.asarray(result.status) & WINDOW_TOO_SMALL):
       break
     plan = _pld.widen(plan)
     result = _run(one, many, composition, x, plan, batch_size)
-  return result
+  failed = np.flatnonzero(np.asarray(result.status) & _SHARED_PLAN_FAILED)
+  if np.ndim(result.status) == 0 or failed.size == 0:
+    return result
+  (flat_comp, flat_x), shape = flatten_batch((composition, x))
+  names = ("lower", "estimate", "upper", "status")
+  fields = {name: np.array(getattr(result, name)).reshape(-1) for name in names}
+  for i in failed:
+    comp_i, x_i = unbatched(jax.tree_util.tree_map(lambda a: a[i:i + 1], (flat_comp, flat_x)))
+    own = _run_planned(one, many, comp_i, x_i, replan(comp_i, x_i), replan, batch_size)
+    if float(own.upper) <= fields["upper"][i]:
+      for name in names:
+        fields[name][i] = np.asarray(getattr(own, name))
+  return Bounds(**{name: jnp.asarray(value.reshape(shape)) for name, value in fields.items()})
 
 
 # Settings per vmapped block of a CGF accountant's batch.
@@ -189,10 +210,10 @@ def epsilon(composition, delta, *, accountant="pld", method=None, eps_error=0.01
   _check_range("delta", delta, 0.0, 1.0)
   if accountant != "pld":
     return _run_cgf(accountant, "epsilon", composition, delta, method)
-  planned_here = plan is None
+  replan = None if plan is not None else (
+      lambda comp, d: _pld.make_plan(comp, d, eps_error=eps_error, delta_error=delta_error))
   plan = _plan_for(composition, delta, eps_error, delta_error, plan)
-  return _run_planned(_epsilon_one, _epsilon_many, composition, delta, plan, planned_here,
-                      batch_size)
+  return _run_planned(_epsilon_one, _epsilon_many, composition, delta, plan, replan, batch_size)
 
 
 @float64
@@ -210,10 +231,11 @@ def delta(composition, epsilon, *, accountant="pld", method=None, smallest_delta
   if accountant != "pld":
     return _run_cgf(accountant, "delta", composition, epsilon, method)
   _check_range("smallest_delta", smallest_delta, 0.0, 1.0)
-  planned_here = plan is None
+  replan = None if plan is not None else (
+      lambda comp, _: _pld.make_plan(comp, smallest_delta, eps_error=eps_error,
+                                     delta_error=delta_error))
   plan = _plan_for(composition, smallest_delta, eps_error, delta_error, plan)
-  return _run_planned(_delta_one, _delta_many, composition, epsilon, plan, planned_here,
-                      batch_size)
+  return _run_planned(_delta_one, _delta_many, composition, epsilon, plan, replan, batch_size)
 
 
 def dpsgd_composition(noise_multiplier, sampling_rate, steps,

@@ -133,3 +133,27 @@ def test_composed_pld_reuse_and_append():
   # delta(epsilon) and epsilon(delta) are inverse to each other.
   back = direct.delta(b.estimate)
   np.testing.assert_allclose(np.asarray(back.estimate), deltas, rtol=1e-7)
+
+
+def test_a_sweep_reruns_a_setting_its_shared_plan_cannot_serve():
+  """A sweep's shared plan (finest grid, widest window, smallest delta of its settings) can fail
+  a certificate for one setting (here: delta 1.9e-10 below the round-off floor of a window sized
+  for eps = 65); planned by jaxacct, that setting is rerun on its own plan and gets its bounds."""
+  from jaxacct import results
+  with jax.enable_x64(True):
+    e0, rate, steps = [0.4065, 2.4493], [0.009754, 0.2319], [767.0, 149.0]
+    delta = jnp.array([1.893e-10, 5.013e-7])
+    comp = jaxacct.Composition.of((jaxacct.PoissonSampled(jaxacct.PureDP(jnp.array(e0)),
+                                                          jnp.array(rate)), jnp.array(steps)))
+    shared = jaxacct.epsilon(comp, delta, plan=jaxacct.make_plan(comp, delta))
+    assert int(shared.status[0]) & results.BELOW_FLOOR and math.isinf(float(shared.upper[0]))
+    swept = jaxacct.epsilon(comp, delta)
+    for i in range(2):
+      alone = jaxacct.epsilon(jaxacct.Composition.of((jaxacct.PoissonSampled(
+          jaxacct.PureDP(e0[i]), rate[i]), steps[i])), float(delta[i]))
+      assert int(swept.status[i]) == int(alone.status) == 0
+      if i == 0:  # rerun alone: the same numbers
+        np.testing.assert_allclose(_fields(swept)[:, i], _fields(alone), rtol=1e-9)
+      else:  # served by the shared plan: both brackets hold the truth
+        assert float(swept.lower[i]) <= float(alone.upper)
+        assert float(alone.lower) <= float(swept.upper[i])
