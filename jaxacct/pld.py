@@ -260,13 +260,13 @@ def _low_log_spectrum(pmf, n, k0, block):
   signs_re = np.where(p % 2 == 0, (-1.0) ** (p // 2), 0.0)
   signs_im = np.where(p % 2 == 1, -((-1.0) ** (p // 2)), 0.0)
 
-  def log_spectrum(theta):  # [c] frequencies -> (log F'_k, |z_k|)
-    x = theta[:, None] * offsets[None, :]                        # [c, blocks]
+  def log_spectrum(freqs):  # [c] angular frequencies -> (log F'_k, |z_k|)
+    x = freqs[:, None] * offsets[None, :]                        # [c, blocks]
     half = jnp.sin(0.5 * x)
     one_minus_re, one_minus_im = 2.0 * half * half, jnp.sin(x)   # 1 - e^{-ix}
     cos_x, sin_x = 1.0 - one_minus_re, one_minus_im              # e^{-ix} = cos x - i sin x
     # sum_{p>=1} (-i theta)^p moment_p: real parts from even p, imaginary from odd p.
-    theta_pow = theta[:, None] ** p[None, :]                     # [c, P-1]
+    theta_pow = freqs[:, None] ** p[None, :]                     # [c, P-1]
     taylor_re = (theta_pow * signs_re) @ moments[:, 1:].T         # [c, blocks]
     taylor_im = (theta_pow * signs_im) @ moments[:, 1:].T
     # A_k = sum_J [ m0_J (1 - e^{-ix}) - e^{-ix} taylor_J ]

@@ -143,7 +143,7 @@ CLI_SETTING = ["--noise-multiplier", "1.0", "--sampling-rate", "0.01", "--steps"
 
 
 def _run_cli(*args, env=None):
-  env = dict(os.environ) if env is None else env
+  env = dict(os.environ if env is None else env)  # a copy: PYTHONPATH is prepended below
   env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
   return subprocess.run([sys.executable, "-m", "jaxacct.cli", *args], cwd=REPO, env=env,
                         capture_output=True, text=True, timeout=300)
