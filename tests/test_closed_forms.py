@@ -96,6 +96,21 @@ def test_approximate_dp_infinite_mass():
   assert math.isinf(float(r.estimate)) and math.isinf(float(r.upper))
 
 
+@pytest.mark.parametrize("base, atom", [
+    (jaxacct.EpsilonDelta(1.0, 1e-3), 1e-3), (jaxacct.PureDP(0.5), 0.0),
+    (jaxacct.Gaussian(1.0), 0.0), (jaxacct.Laplace(2.0), 0.0)])
+@pytest.mark.parametrize("rate", [1.0, 0.3])
+def test_subsampled_infinite_mass_in_both_directions(base, atom, rate):
+  # P(L = +inf): remove q * delta; add delta at q = 1 (the base's -inf atom under Q), else 0.
+  model = jaxacct.PoissonSampled(base, rate)
+  with jax.enable_x64(True):
+    assert float(model.inf_mass(add=False)) == pytest.approx(rate * atom, abs=1e-300)
+    assert float(model.inf_mass(add=True)) == pytest.approx(atom if rate == 1.0 else 0.0,
+                                                            abs=1e-300)
+    # The same atom as the base's CDF at the bottom of every loss grid, under Q.
+    assert float(base.cdf_sf(jax.numpy.asarray(-1e4))[2]) == pytest.approx(atom, abs=1e-300)
+
+
 def test_too_small_window_widens_honestly(monkeypatch):
   # A window far too small for the composed loss: the bounds stay valid and the status says so.
   import dataclasses
