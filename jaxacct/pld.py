@@ -247,28 +247,30 @@ def _low_log_spectrum(pmf, n, k0, block):
   m = pmf.shape[0]
   blocks = -(-m // block)
   padded = jnp.concatenate([pmf, jnp.zeros(blocks * block - m)]).reshape(blocks, block)
-  r = jnp.arange(block, dtype=jnp.float64)
-  factorials = np.array([math.factorial(p) for p in range(_TAYLOR_TERMS)], dtype=np.float64)
-  powers = r[None, :] ** jnp.arange(_TAYLOR_TERMS)[:, None] / factorials[:, None]
+  # Host constants (they depend on the static sizes only): r^p / p! for the block moments, and
+  # per frequency the real and imaginary parts of (-i theta)^p / ... for p = 1..8.
+  p = np.arange(_TAYLOR_TERMS)
+  factorials = np.array([math.factorial(j) for j in p], dtype=np.float64)
+  powers = np.arange(block, dtype=np.float64)[None, :] ** p[:, None] / factorials[:, None]
   moments = padded @ powers.T                                   # [blocks, P]
   total = jnp.sum(moments[:, 0])
   index = jnp.arange(m, dtype=jnp.float64)
   centre = jax.lax.stop_gradient(jnp.round(jnp.sum(pmf * index) / total))
   offsets = jnp.arange(blocks, dtype=jnp.float64) * block - centre   # block start - centre
-  theta = (2.0 * math.pi / n) * jnp.arange(k0, dtype=jnp.float64)     # [k0]
-  p = np.arange(1, _TAYLOR_TERMS)
-  signs_re = np.where(p % 2 == 0, (-1.0) ** (p // 2), 0.0)
-  signs_im = np.where(p % 2 == 1, -((-1.0) ** (p // 2)), 0.0)
+  theta = (2.0 * math.pi / n) * np.arange(k0, dtype=np.float64)      # [k0]
+  signs_re = np.where(p[1:] % 2 == 0, (-1.0) ** (p[1:] // 2), 0.0)
+  signs_im = np.where(p[1:] % 2 == 1, -((-1.0) ** (p[1:] // 2)), 0.0)
+  theta_pow = theta[:, None] ** p[None, 1:]                          # [k0, P-1]
+  # sum_{p>=1} (-i theta)^p moment_p: real parts from even p, imaginary from odd p.
+  taylor_coef = np.stack([theta_pow * signs_re, theta_pow * signs_im], axis=1)  # [k0, 2, P-1]
 
-  def log_spectrum(freqs):  # [c] angular frequencies -> (log F'_k, |z_k|)
+  def log_spectrum(freqs, coef):  # [c] angular frequencies -> (log F'_k, |z_k|)
     x = freqs[:, None] * offsets[None, :]                        # [c, blocks]
     half = jnp.sin(0.5 * x)
     one_minus_re, one_minus_im = 2.0 * half * half, jnp.sin(x)   # 1 - e^{-ix}
     cos_x, sin_x = 1.0 - one_minus_re, one_minus_im              # e^{-ix} = cos x - i sin x
-    # sum_{p>=1} (-i theta)^p moment_p: real parts from even p, imaginary from odd p.
-    theta_pow = freqs[:, None] ** p[None, :]                     # [c, P-1]
-    taylor_re = (theta_pow * signs_re) @ moments[:, 1:].T         # [c, blocks]
-    taylor_im = (theta_pow * signs_im) @ moments[:, 1:].T
+    taylor = coef @ moments[:, 1:].T                              # [c, 2, blocks]
+    taylor_re, taylor_im = taylor[:, 0], taylor[:, 1]
     # A_k = sum_J [ m0_J (1 - e^{-ix}) - e^{-ix} taylor_J ]
     a_re = jnp.sum(moments[None, :, 0] * one_minus_re - (cos_x * taylor_re + sin_x * taylor_im),
                    1)
@@ -285,11 +287,13 @@ def _low_log_spectrum(pmf, n, k0, block):
   # sweep (finest grid of one setting, widest window of another) can have k0 x blocks >> n.
   chunk = max(1, n // blocks)
   if k0 <= chunk:
-    log_f, deviation = log_spectrum(theta)
+    log_f, deviation = log_spectrum(theta, taylor_coef)
   else:
     chunks = -(-k0 // chunk)
-    padded_theta = jnp.concatenate([theta, jnp.zeros(chunks * chunk - k0)])
-    log_f, deviation = jax.lax.map(log_spectrum, padded_theta.reshape(chunks, chunk))
+    pad = chunks * chunk - k0
+    mapped = (np.pad(theta, (0, pad)).reshape(chunks, chunk),
+              np.pad(taylor_coef, ((0, pad), (0, 0), (0, 0))).reshape(chunks, chunk, 2, -1))
+    log_f, deviation = jax.lax.map(lambda args: log_spectrum(*args), mapped)
     log_f, deviation = log_f.reshape(-1)[:k0], deviation.reshape(-1)[:k0]
   return log_f, centre.astype(jnp.int64), deviation
 
@@ -536,8 +540,9 @@ def _guard_moves(mean, eta):
   safe_mean = jnp.maximum(mean, 1e-300)
   log_tail = jnp.where(j > mean, -mean + j * (1.0 + jnp.log(safe_mean) - jnp.log(j)), 0.0)
   log_tail = jnp.where(mean > 0.0, log_tail, -jnp.inf)
-  ok = log_tail <= jnp.log(eta)
-  return jnp.where(jnp.any(ok), jnp.argmax(ok).astype(jnp.float64), jnp.inf)
+  # The bound decreases in j once j > mean, so the failing m are a prefix: count them.
+  failing = jnp.sum(log_tail > jnp.log(eta))
+  return jnp.where(failing < m.shape[0], failing.astype(jnp.float64), jnp.inf)
 
 
 def _delta_on_grid(pmf, first_centre, h, eps):
@@ -549,6 +554,18 @@ def _delta_on_grid(pmf, first_centre, h, eps):
 
 
 _TAIL_BLOCK = 512  # grid points per block of the two-level tail sums
+_TRIANGLE_MAX = 2048  # longest axis whose suffix sums are a product with a triangular matrix
+
+
+def _suffix_sums(x):
+  """sum_{j >= i} x_j along the last axis. Up to _TRIANGLE_MAX values as a product with a
+  triangular 0/1 matrix (one library call; ``jnp.cumsum`` compiles to a dozen kernels on CPU),
+  beyond that (block sums of a huge grid) as a reversed cumulative sum."""
+  n = x.shape[-1]
+  if n > _TRIANGLE_MAX:
+    return jnp.flip(jnp.cumsum(jnp.flip(x, -1), -1), -1)
+  upper = (jnp.arange(n)[:, None] >= jnp.arange(n)[None, :]).astype(x.dtype)  # [j, i]: j >= i
+  return x @ upper
 
 
 @jax.tree_util.register_dataclass
@@ -559,12 +576,11 @@ class _TailSums:
   With rel_b = (b - N/2) h and scaled_j = pmf_j e^{-rel_j}, the delta of the grid pmf (masses
   spread over their cells) at the boundary b (left edge of cell b) is
   d(b) = sum_{j >= b} pmf_j - c e^{rel_b} sum_{j >= b} scaled_j,  c = (1 - e^{-h}) / h.
+  (pmf and scaled are stacked, so that each lookup is one gather and one matrix product.)
   """
 
-  pmf: jax.Array          # [blocks, B] (zero padded)
-  scaled: jax.Array       # [blocks, B]
-  mass_after: jax.Array   # [blocks + 1] sum of pmf over blocks >= J
-  scaled_after: jax.Array  # [blocks + 1]
+  rows: jax.Array   # [blocks, 2, B] pmf and scaled, zero padded
+  after: jax.Array  # [2, blocks + 1] their sums over blocks >= J
   h: jax.Array
   n: int = dataclasses.field(metadata=dict(static=True))  # N, the unpadded length
 
@@ -573,70 +589,60 @@ class _TailSums:
     n = pmf.shape[0]
     block = min(_TAIL_BLOCK, n)
     blocks = -(-n // block)
-    pad = jnp.zeros(blocks * block - n)
     rel = (jnp.arange(n) - n // 2).astype(jnp.float64) * h
-    shape = (blocks, block)
-    pmf2 = jnp.concatenate([pmf, pad]).reshape(shape)
-    scaled2 = jnp.concatenate([pmf * jnp.exp(-rel), pad]).reshape(shape)
-    after = lambda x: jnp.concatenate([jnp.cumsum(jnp.sum(x, 1)[::-1])[::-1], jnp.zeros(1)])
-    return _TailSums(pmf2, scaled2, after(pmf2), after(scaled2), h, n)
+    both = jnp.stack([pmf, pmf * jnp.exp(-rel)])                          # [2, N]
+    rows = jnp.pad(both, ((0, 0), (0, blocks * block - n))).reshape(2, blocks, block)
+    after = jnp.pad(_suffix_sums(jnp.sum(rows, 2)), ((0, 0), (0, 1)))
+    return _TailSums(jnp.swapaxes(rows, 0, 1), after, h, n)
 
-  def _row(self, j):
-    return self.pmf[j], self.scaled[j]
+  def _weight(self, b):
+    """c e^{rel_b}: d(b) = mass(b) - c e^{rel_b} scaled(b)."""
+    rel = (b - self.n // 2).astype(jnp.float64) * self.h
+    return -jnp.expm1(-self.h) / self.h * jnp.exp(rel)
 
-  def at(self, b):
-    """(sum_{j >= b} pmf_j, e^{rel_b} sum_{j >= b} scaled_j) at boundary b in [0, N]."""
-    blocks, block = self.pmf.shape
-    j = jnp.minimum(b // block, blocks - 1)
-    r = b - j * block
-    pmf_row, scaled_row = self._row(j)
-    keep = jnp.arange(block) >= r
-    mass = jnp.sum(jnp.where(keep, pmf_row, 0.0)) + self.mass_after[j + 1]
-    scaled = jnp.sum(jnp.where(keep, scaled_row, 0.0)) + self.scaled_after[j + 1]
-    return mass, scaled * jnp.exp(jnp.asarray(b - self.n // 2, jnp.float64) * self.h)
+  def delta_at_start(self):
+    """(total mass, d(0))."""
+    total, scaled = self.after[:, 0]
+    return total, total - self._weight(jnp.zeros((), jnp.int64)) * scaled
 
-  def delta_at(self, b):
-    mass, weighted = self.at(b)
-    return mass - (-jnp.expm1(-self.h) / self.h) * weighted
-
-  def count_above(self, target):
-    """Number of boundaries b in [0, N] with d(b) > target (d is non-increasing up to
-    round-off): a count over block starts, then over the boundaries of one block."""
-    blocks, block = self.pmf.shape
-    c = -jnp.expm1(-self.h) / self.h
+  def crossing(self, target):
+    """The cell where d falls to ``target`` (d is non-increasing up to round-off): the first
+    boundary k with d(k) <= target (a count over block starts, then over one block's
+    boundaries), the cell i = max(k - 1, 0), d at i and i + 1, the mass and the weighted sum
+    e^{rel} sum scaled beyond i + 1, and pmf_i."""
+    blocks, _, block = self.rows.shape
     starts = jnp.arange(blocks) * block
-    rel = (starts - self.n // 2).astype(jnp.float64) * self.h
-    d_starts = self.mass_after[:-1] - c * jnp.exp(rel) * self.scaled_after[:-1]
+    d_starts = self.after[0, :-1] - self._weight(starts) * self.after[1, :-1]
     j = jnp.clip(jnp.sum(d_starts > target) - 1, 0, blocks - 1)
-    pmf_row, scaled_row = self._row(j)
-    reverse = lambda x: jnp.cumsum(x[::-1])[::-1]
-    rel_row = (j * block + jnp.arange(block) - self.n // 2).astype(jnp.float64) * self.h
-    d_row = (reverse(pmf_row) + self.mass_after[j + 1]
-             - c * jnp.exp(rel_row) * (reverse(scaled_row) + self.scaled_after[j + 1]))
-    in_range = j * block + jnp.arange(block) <= self.n
-    return j * block + jnp.sum((d_row > target) & in_range)
+    # Boundaries j B, ..., (j + 1) B of the row: its suffix sums plus the blocks after it.
+    row = self.rows[j]                                                     # [2, B]
+    mass, scaled = jnp.pad(_suffix_sums(row), ((0, 0), (0, 1))) + self.after[:, j + 1, None]
+    bounds = j * block + jnp.arange(block + 1)
+    weighted = self._weight(bounds) * scaled
+    d = mass - weighted
+    above = jnp.sum((d > target) & (bounds <= self.n))
+    r = jnp.clip(above - 1, 0, block - 1)
+    table = jnp.stack([d, mass, weighted, jnp.pad(row[0], (0, 1))])       # [4, B + 1]
+    (d_i, d_next), (_, mass_right), (_, weighted_right), (p_i, _) = (
+        jax.lax.dynamic_slice(table, (0, r), (4, 2)))
+    return j * block + above, j * block + r, (d_i, d_next), mass_right, weighted_right, p_i
 
 
 def _epsilon_on_grid(pmf, sums: _TailSums, first_centre, h, target, side):
   """Root of delta_grid(eps) = target; ``side`` +1 (-1) returns a point where delta <= target
   (>= target), the safe end for an upper (lower) bound. Implicit gradients via ``implicit_root``."""
-  n = pmf.shape[0]
   left0 = first_centre - 0.5 * h
-  d0 = sums.delta_at(0)
+  total, d0 = sums.delta_at_start()
   valid = target > 0.0
-  tgt = jnp.where(valid, target, 0.5 * sums.delta_at(n - 1) + 1e-300)
+  tgt = jnp.where(valid, target, 0.5 * d0 + 1e-300)  # any positive placeholder
 
   def solve(_, __):
-    k = sums.count_above(tgt)  # the first boundary with d <= target
-    i = jnp.clip(k - 1, 0, n - 1)
+    k, i, (d_i, d_next), mass_right, weighted_right, p_i = sums.crossing(tgt)
     a = left0 + i * h
     b = a + h
-    mass_right, weighted_right = sums.at(i + 1)
-    d_i, d_next = sums.delta_at(i), sums.delta_at(i + 1)
-    p_i = pmf[i]
 
     def local(x):  # delta_grid(x) - target and its slope, for x in cell i
-      tilt = jnp.exp(x - b) * (-jnp.expm1(-h) / h) * weighted_right
+      tilt = jnp.exp(x - b) * weighted_right
       value = mass_right - tilt + p_i * hockey_primitive(b - x) / h - tgt
       return value, -tilt + p_i * jnp.expm1(x - b) / h
 
@@ -651,7 +657,6 @@ def _epsilon_on_grid(pmf, sums: _TailSums, first_centre, h, target, side):
     safe_down = jnp.maximum(jnp.where(fx < 0.0, x - 2.0 * step, x) - slack, a)
     x = jnp.where(side > 0, safe_up, jnp.where(side < 0, safe_down, x))
     # Below the window every cell lies to the right: delta = total - e^{eps - left0} (total - d0).
-    total = sums.mass_after[0]
     below = left0 + jnp.log(jnp.maximum(total - tgt, 0.0)) - jnp.log(total - d0)
     return jnp.where(k == 0, below, x)
 

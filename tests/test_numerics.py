@@ -102,6 +102,45 @@ def test_vectorised_batches_in_padded_blocks():
   assert len(calls) == 3  # the scalar, blocks of 4 (remainder 3 padded to 4) and a block of 2
 
 
+@pytest.mark.parametrize("n", [7, 2048, 3000])
+def test_suffix_sums_match_numpy(n):
+  """Both paths: a triangular product (n <= 2048) and a reversed cumulative sum."""
+  x = np.random.default_rng(n).exponential(size=(2, n)) * np.logspace(-200, 0, n)
+  with jax.enable_x64(True):
+    got = np.asarray(pld._suffix_sums(jnp.asarray(x)))
+  expected = np.cumsum(x[:, ::-1].astype(np.longdouble), 1)[:, ::-1].astype(np.float64)
+  np.testing.assert_allclose(got, expected, rtol=1e-13, atol=0.0)
+
+
+@pytest.mark.parametrize("triangle_max", [2048, 4])
+def test_tail_sums_find_the_crossing_cell(monkeypatch, triangle_max):
+  """d(b) = sum_{j >= b} pmf_j (1 - c e^{(b - j) h}) at every boundary, and the cell where it
+  crosses a target, against a long-double sum (block sums by either suffix-sum path)."""
+  monkeypatch.setattr(pld, "_TRIANGLE_MAX", triangle_max)
+  n, h = 5000, 0.003
+  j = np.arange(n)
+  pmf = np.exp(-0.5 * ((j - 2100) / 400.0) ** 2)
+  pmf /= pmf.sum()
+  c = -np.expm1(-h) / h
+  lj = j.astype(np.longdouble)
+  def d_exact(b):
+    return float(np.sum(pmf[b:] * (1 - c * np.exp((b - lj[b:]) * h))))
+  with jax.enable_x64(True):
+    sums = pld._TailSums.of(jnp.asarray(pmf), jnp.asarray(h))
+    total, d0 = sums.delta_at_start()
+    assert float(total) == pytest.approx(1.0, rel=1e-14)
+    assert float(d0) == pytest.approx(d_exact(0), rel=1e-12)
+    for target in [0.3, 1e-3, 1e-9, 1e-30]:
+      k, i, (d_i, d_next), mass, weighted, p_i = sums.crossing(jnp.asarray(target))
+      k, i = int(k), int(i)
+      assert d_exact(k - 1) > target >= d_exact(k)  # the first boundary with d <= target
+      assert i == k - 1 and float(p_i) == pmf[i]
+      assert float(d_i) == pytest.approx(d_exact(i), rel=1e-9, abs=1e-300)
+      assert float(d_next) == pytest.approx(d_exact(i + 1), rel=1e-9, abs=1e-300)
+      assert float(mass) == pytest.approx(float(np.sum(pmf[i + 1:])), rel=1e-12)
+      assert float(mass - weighted) == pytest.approx(d_exact(i + 1), rel=1e-9, abs=1e-300)
+
+
 @pytest.mark.parametrize("n,k0,block", [(4096, 40, 3), (256, 60, 1), (1024, 97, 1)])
 def test_low_band_spectrum_matches_a_direct_dft(n, k0, block):
   """log F'_k of the direct low-band sums against a long-double DFT, on the single-pass path
