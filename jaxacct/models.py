@@ -68,8 +68,8 @@ def _normal_cdf_sf(*zs):
   last digits in the far tail; the larger is its complement (>= 1/2, so 1 - tail loses nothing).
   """
   z = jnp.stack(jnp.broadcast_arrays(*zs))
-  # Phi(-|z|) = erfc(|z| / sqrt 2) / 2: one erfc (``ndtr`` also evaluates erf and selects, for
-  # positive arguments; twice the compiled code). |z| has the right derivative at z = 0.
+  # Phi(-|z|) = erfc(|z| / sqrt 2) / 2: one erfc (``ndtr`` evaluates both erf and erfc and
+  # selects: twice the compiled code). |z| has the right derivative at z = 0.
   tail = 0.5 * erfc(jnp.where(z < 0.0, -z, z) * _SQRT_HALF)
   cdf = jnp.where(z < 0.0, tail, 1.0 - tail)
   sf = jnp.where(z < 0.0, 1.0 - tail, tail)

@@ -247,28 +247,27 @@ def _low_log_spectrum(pmf, n, k0, block):
   m = pmf.shape[0]
   blocks = -(-m // block)
   padded = jnp.concatenate([pmf, jnp.zeros(blocks * block - m)]).reshape(blocks, block)
-  # Host constants (they depend on the static sizes only): r^p / p! for the block moments, and
-  # per frequency the real and imaginary parts of (-i theta)^p / ... for p = 1..8.
+  r = jnp.arange(block, dtype=jnp.float64)
   p = np.arange(_TAYLOR_TERMS)
   factorials = np.array([math.factorial(j) for j in p], dtype=np.float64)
-  powers = np.arange(block, dtype=np.float64)[None, :] ** p[:, None] / factorials[:, None]
+  powers = r[None, :] ** p[:, None] / factorials[:, None]       # r^p / p!
   moments = padded @ powers.T                                   # [blocks, P]
   total = jnp.sum(moments[:, 0])
   index = jnp.arange(m, dtype=jnp.float64)
   centre = jax.lax.stop_gradient(jnp.round(jnp.sum(pmf * index) / total))
   offsets = jnp.arange(blocks, dtype=jnp.float64) * block - centre   # block start - centre
-  theta = (2.0 * math.pi / n) * np.arange(k0, dtype=np.float64)      # [k0]
-  signs_re = np.where(p[1:] % 2 == 0, (-1.0) ** (p[1:] // 2), 0.0)
-  signs_im = np.where(p[1:] % 2 == 1, -((-1.0) ** (p[1:] // 2)), 0.0)
-  theta_pow = theta[:, None] ** p[None, 1:]                          # [k0, P-1]
-  # sum_{p>=1} (-i theta)^p moment_p: real parts from even p, imaginary from odd p.
-  taylor_coef = np.stack([theta_pow * signs_re, theta_pow * signs_im], axis=1)  # [k0, 2, P-1]
+  theta = (2.0 * math.pi / n) * jnp.arange(k0, dtype=jnp.float64)     # [k0]
+  # Real and imaginary parts of (-i)^p for p = 1..8 (the rows of one matrix product).
+  signs = np.stack([np.where(p[1:] % 2 == 0, (-1.0) ** (p[1:] // 2), 0.0),
+                    np.where(p[1:] % 2 == 1, -((-1.0) ** (p[1:] // 2)), 0.0)])   # [2, P-1]
 
-  def log_spectrum(freqs, coef):  # [c] angular frequencies -> (log F'_k, |z_k|)
+  def log_spectrum(freqs):  # [c] angular frequencies -> (log F'_k, |z_k|)
     x = freqs[:, None] * offsets[None, :]                        # [c, blocks]
     half = jnp.sin(0.5 * x)
     one_minus_re, one_minus_im = 2.0 * half * half, jnp.sin(x)   # 1 - e^{-ix}
     cos_x, sin_x = 1.0 - one_minus_re, one_minus_im              # e^{-ix} = cos x - i sin x
+    # sum_{p>=1} (-i theta)^p moment_p: real parts from even p, imaginary from odd p.
+    coef = freqs[:, None, None] ** p[1:] * signs                 # [c, 2, P-1]
     taylor = coef @ moments[:, 1:].T                              # [c, 2, blocks]
     taylor_re, taylor_im = taylor[:, 0], taylor[:, 1]
     # A_k = sum_J [ m0_J (1 - e^{-ix}) - e^{-ix} taylor_J ]
@@ -287,13 +286,11 @@ def _low_log_spectrum(pmf, n, k0, block):
   # sweep (finest grid of one setting, widest window of another) can have k0 x blocks >> n.
   chunk = max(1, n // blocks)
   if k0 <= chunk:
-    log_f, deviation = log_spectrum(theta, taylor_coef)
+    log_f, deviation = log_spectrum(theta)
   else:
     chunks = -(-k0 // chunk)
-    pad = chunks * chunk - k0
-    mapped = (np.pad(theta, (0, pad)).reshape(chunks, chunk),
-              np.pad(taylor_coef, ((0, pad), (0, 0), (0, 0))).reshape(chunks, chunk, 2, -1))
-    log_f, deviation = jax.lax.map(lambda args: log_spectrum(*args), mapped)
+    padded_theta = jnp.concatenate([theta, jnp.zeros(chunks * chunk - k0)])
+    log_f, deviation = jax.lax.map(log_spectrum, padded_theta.reshape(chunks, chunk))
     log_f, deviation = log_f.reshape(-1)[:k0], deviation.reshape(-1)[:k0]
   return log_f, centre.astype(jnp.int64), deviation
 
@@ -541,7 +538,7 @@ def _guard_moves(mean, eta):
   log_tail = jnp.where(j > mean, -mean + j * (1.0 + jnp.log(safe_mean) - jnp.log(j)), 0.0)
   log_tail = jnp.where(mean > 0.0, log_tail, -jnp.inf)
   # The bound decreases in j once j > mean, so the failing m are a prefix: count them.
-  failing = jnp.sum(log_tail > jnp.log(eta))
+  failing = jnp.sum(~(log_tail <= jnp.log(eta)))  # (a NaN eta fails every m: infinite)
   return jnp.where(failing < m.shape[0], failing.astype(jnp.float64), jnp.inf)
 
 
@@ -571,7 +568,8 @@ def _suffix_sums(x):
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class _TailSums:
-  """Tail sums of a pmf, two-level: delta at any cell boundary in O(block + N / block).
+  """Tail sums of a pmf, two-level: the cell where delta crosses a target in O(B^2 + N / B)
+  (one row of B boundaries summed by a triangular product) after O(N) preparation.
 
   With rel_b = (b - N/2) h and scaled_j = pmf_j e^{-rel_j}, the delta of the grid pmf (masses
   spread over their cells) at the boundary b (left edge of cell b) is
@@ -608,8 +606,8 @@ class _TailSums:
   def crossing(self, target):
     """The cell where d falls to ``target`` (d is non-increasing up to round-off): the first
     boundary k with d(k) <= target (a count over block starts, then over one block's
-    boundaries), the cell i = max(k - 1, 0), d at i and i + 1, the mass and the weighted sum
-    e^{rel} sum scaled beyond i + 1, and pmf_i."""
+    boundaries); the cell i = max(k - 1, 0) (up to round-off between the two counts); d at i
+    and i + 1; beyond i + 1 the mass and the weighted sum c e^{rel_{i+1}} sum scaled; pmf_i."""
     blocks, _, block = self.rows.shape
     starts = jnp.arange(blocks) * block
     d_starts = self.after[0, :-1] - self._weight(starts) * self.after[1, :-1]
@@ -657,8 +655,11 @@ def _epsilon_on_grid(pmf, sums: _TailSums, first_centre, h, target, side):
     safe_down = jnp.maximum(jnp.where(fx < 0.0, x - 2.0 * step, x) - slack, a)
     x = jnp.where(side > 0, safe_up, jnp.where(side < 0, safe_down, x))
     # Below the window every cell lies to the right: delta = total - e^{eps - left0} (total - d0).
+    # Its logs carry the round-off of the differences, moved to the safe side like x's.
     below = left0 + jnp.log(jnp.maximum(total - tgt, 0.0)) - jnp.log(total - d0)
-    return jnp.where(k == 0, below, x)
+    below_slack = 4.0 * F64_EPS * (1.0 + jnp.abs(below) + total / jnp.maximum(total - tgt, 1e-300)
+                                   + total / jnp.maximum(total - d0, 1e-300))
+    return jnp.where(k == 0, below + side * below_slack, x)  # side is -1, 0 or +1
 
   def residual(x):
     return _delta_on_grid(pmf, first_centre, h, x) - target

@@ -141,6 +141,32 @@ def test_tail_sums_find_the_crossing_cell(monkeypatch, triangle_max):
       assert float(mass - weighted) == pytest.approx(d_exact(i + 1), rel=1e-9, abs=1e-300)
 
 
+@pytest.mark.parametrize("gap", [0.5, 1e-5, 1e-10])
+def test_epsilon_below_the_grid_is_rounded_to_the_safe_side(gap):
+  """A target above delta(first boundary) puts epsilon below the grid, where delta = total -
+  e^{eps - left} (total - d0) in closed form: the upper side's root is >= the long-double root
+  and the lower side's <= it, also where total - target is small (round-off amplified)."""
+  n, h, first = 3000, 0.004, -2.0
+  pmf = np.exp(-0.5 * ((np.arange(n) - 1400) / 300.0) ** 2)
+  pmf /= pmf.sum()
+  j = np.arange(n, dtype=np.longdouble)
+  c = -np.expm1(np.longdouble(-h)) / h
+  total = np.sum(pmf.astype(np.longdouble))
+  d0 = np.sum(pmf * (1 - c * np.exp(-j * h)))
+  target = float(total - gap * (total - d0))  # (total - target) / (total - d0) = gap
+  left = np.longdouble(first) - h / 2
+  exact = float(left + np.log((total - np.longdouble(target)) / (total - d0)))
+  with jax.enable_x64(True):
+    sums = pld._TailSums.of(jnp.asarray(pmf), jnp.asarray(h))
+    root = lambda side: float(pld._epsilon_on_grid(jnp.asarray(pmf), sums, jnp.asarray(first),
+                                                   jnp.asarray(h), jnp.asarray(target), side))
+    upper, estimate, lower = root(1.0), root(0.0), root(-1.0)
+  assert lower <= exact <= upper
+  rounding = np.finfo(np.float64).eps * (1 + abs(exact) + 2 / (gap * float(total - d0)))
+  assert upper - lower <= 20 * rounding
+  assert estimate == pytest.approx(exact, abs=20 * rounding)
+
+
 @pytest.mark.parametrize("n,k0,block", [(4096, 40, 3), (256, 60, 1), (1024, 97, 1)])
 def test_low_band_spectrum_matches_a_direct_dft(n, k0, block):
   """log F'_k of the direct low-band sums against a long-double DFT, on the single-pass path
