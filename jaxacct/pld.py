@@ -659,7 +659,8 @@ def _epsilon_on_grid(pmf, sums: _TailSums, first_centre, h, target, side):
     below = left0 + jnp.log(jnp.maximum(total - tgt, 0.0)) - jnp.log(total - d0)
     below_slack = 4.0 * F64_EPS * (1.0 + jnp.abs(below) + total / jnp.maximum(total - tgt, 1e-300)
                                    + total / jnp.maximum(total - d0, 1e-300))
-    return jnp.where(k == 0, below + side * below_slack, x)  # side is -1, 0 or +1
+    below = jnp.where(jnp.isfinite(below), below + side * below_slack, below)  # side: -1, 0, +1
+    return jnp.where(k == 0, below, x)
 
   def residual(x):
     return _delta_on_grid(pmf, first_centre, h, x) - target
