@@ -13,7 +13,9 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import jax.scipy.special
 import numpy as np
+import scipy.special
 
 F64_EPS = float(np.finfo(np.float64).eps)
 # Loss values beyond +-LOSS_BIG carry no mass for any supported model; clamping edges there keeps
@@ -27,6 +29,34 @@ def exp_upper(log_value):
   """exp of the log of an upper bound, never below the smallest normal float64: exp would
   return 0.0 there, which is below any positive true value (and so not an upper bound)."""
   return jnp.exp(jnp.maximum(log_value, LOG_TINY))
+
+
+_HOST_TYPES = (np.ndarray, np.generic, float, int, bool)
+
+
+def as_leaf(value):
+  """A list or tuple of numbers as one float64 array (a batch), not a pytree of scalars."""
+  return np.asarray(value, np.float64) if isinstance(value, (list, tuple)) else value
+
+
+def array_namespace(*values):
+  """numpy when every value is a host value (numpy array or Python number), else jax.numpy.
+
+  The models' ``cdf_sf`` and ``loss_range`` are written against either, so the planner can
+  evaluate them on the host (no compilation) and the accountants in JAX (traced, batched).
+  """
+  leaves = jax.tree_util.tree_leaves(values)
+  return np if all(isinstance(v, _HOST_TYPES) for v in leaves) else jnp
+
+
+def erfc(x):
+  """The complementary error function, on the host (scipy) or in JAX."""
+  return scipy.special.erfc(x) if isinstance(x, _HOST_TYPES) else jax.scipy.special.erfc(x)
+
+
+def sigmoid(x):
+  """1 / (1 + e^{-x}), on the host (scipy) or in JAX."""
+  return scipy.special.expit(x) if isinstance(x, _HOST_TYPES) else jax.nn.sigmoid(x)
 
 
 def float64(fn):
@@ -262,11 +292,13 @@ def fast_jit(fn, **kwargs):
 
 def flatten_batch(tree):
   """(tree, shape): every leaf as float64, broadcast to the leaves' common batch shape and
-  flattened to one batch axis (of size 1 for a scalar batch), and that shape."""
-  tree = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float64), tree)
+  flattened to one batch axis (of size 1 for a scalar batch), and that shape. Host values stay
+  numpy arrays (no small programs compiled for the reshaping)."""
+  xp = array_namespace(tree)
+  tree = jax.tree_util.tree_map(lambda a: xp.asarray(a, xp.float64), tree)
   shape = np.broadcast_shapes(*[a.shape for a in jax.tree_util.tree_leaves(tree)])
   size = int(np.prod(shape))
-  return jax.tree_util.tree_map(lambda a: jnp.broadcast_to(a, shape).reshape(size), tree), shape
+  return jax.tree_util.tree_map(lambda a: xp.broadcast_to(a, shape).reshape(size), tree), shape
 
 
 def unbatched(flat):

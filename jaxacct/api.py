@@ -19,8 +19,8 @@ from jaxacct import pld as _pld
 from jaxacct import rdp as _rdp
 from jaxacct import spa as _spa
 from jaxacct._numerics import check_range as _check_range
-from jaxacct._numerics import (fast_jit, flatten_batch, float64, is_traced, scoped_gradients,
-                               unbatched, vectorised)
+from jaxacct._numerics import (as_leaf, fast_jit, flatten_batch, float64, is_traced,
+                               scoped_gradients, unbatched, vectorised)
 from jaxacct.composition import Composition, as_composition
 from jaxacct.models import Gaussian, PoissonSampled, SampledGaussianReplaceOne
 from jaxacct.results import BELOW_FLOOR, WINDOW_TOO_SMALL, Bounds
@@ -205,7 +205,7 @@ def epsilon(composition, delta, *, accountant="pld", method=None, eps_error=0.01
     ``Bounds`` (lower, estimate, upper, status), float64, batched like the inputs.
   """
   _check_accountant(accountant)
-  composition = as_composition(composition)
+  composition, delta = as_composition(composition), as_leaf(delta)
   composition.check(integer_counts=accountant == "pld")
   _check_range("delta", delta, 0.0, 1.0)
   if accountant != "pld":
@@ -225,7 +225,7 @@ def delta(composition, epsilon, *, accountant="pld", method=None, smallest_delta
   degrades. Other arguments as in ``epsilon``.
   """
   _check_accountant(accountant)
-  composition = as_composition(composition)
+  composition, epsilon = as_composition(composition), as_leaf(epsilon)
   composition.check(integer_counts=accountant == "pld")
   _check_range("epsilon", epsilon, 0.0, np.inf, low_open=False)
   if accountant != "pld":

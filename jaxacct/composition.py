@@ -7,6 +7,7 @@ import dataclasses
 import jax
 import numpy as np
 
+from jaxacct._numerics import as_leaf
 from jaxacct.models import PrivacyLoss
 
 
@@ -32,7 +33,7 @@ class Composition:
         entry = (entry, 1)
       mech, count = entry
       mechs.append(mech)
-      counts.append(count)
+      counts.append(as_leaf(count))
     return cls(tuple(mechs), tuple(counts))
 
   @property

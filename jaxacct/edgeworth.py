@@ -29,7 +29,6 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.scipy.special import erf, erfc, log_ndtr
 
 from jaxacct import results

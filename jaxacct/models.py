@@ -32,9 +32,9 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.scipy.special import erfc
 
-from jaxacct._numerics import LOSS_BIG, composite_nodes, standard_normal_nodes
+from jaxacct._numerics import (LOSS_BIG, array_namespace, as_leaf, composite_nodes, erfc,
+                               sigmoid, standard_normal_nodes)
 
 # Quadratures reach this many standard deviations beyond every bulk or tilted peak (the
 # standard-normal mass beyond is below 1e-57 relative).
@@ -43,6 +43,12 @@ _SQRT_HALF = float(np.sqrt(0.5))
 
 def _model(cls):
   """Frozen dataclass registered as a pytree whose fields are all data (array) fields."""
+
+  def __post_init__(self):  # noqa: N807 - the dataclass hook
+    for field in dataclasses.fields(self):
+      object.__setattr__(self, field.name, as_leaf(getattr(self, field.name)))
+
+  cls.__post_init__ = __post_init__
   cls = dataclasses.dataclass(frozen=True)(cls)
   return jax.tree_util.register_dataclass(cls)
 
@@ -67,23 +73,28 @@ def _normal_cdf_sf(*zs):
   Returns [cdf_1, sf_1, cdf_2, sf_2, ...]. The smaller of the two is Phi(-|z|), accurate to its
   last digits in the far tail; the larger is its complement (>= 1/2, so 1 - tail loses nothing).
   """
-  z = jnp.stack(jnp.broadcast_arrays(*zs))
+  xp = array_namespace(*zs)
+  z = xp.stack(xp.broadcast_arrays(*zs))
   # Phi(-|z|) = erfc(|z| / sqrt 2) / 2: one erfc (``ndtr`` evaluates both erf and erfc and
   # selects: twice the compiled code). |z| has the right derivative at z = 0.
-  tail = 0.5 * erfc(jnp.where(z < 0.0, -z, z) * _SQRT_HALF)
-  cdf = jnp.where(z < 0.0, tail, 1.0 - tail)
-  sf = jnp.where(z < 0.0, 1.0 - tail, tail)
+  tail = 0.5 * erfc(xp.where(z < 0.0, -z, z) * _SQRT_HALF)
+  cdf = xp.where(z < 0.0, tail, 1.0 - tail)
+  sf = xp.where(z < 0.0, 1.0 - tail, tail)
   return [v for i in range(len(zs)) for v in (cdf[i], sf[i])]
 
 
 def _clamp(loss):
-  return jnp.clip(loss, -LOSS_BIG, LOSS_BIG)
+  return array_namespace(loss).clip(loss, -LOSS_BIG, LOSS_BIG)
 
 
 class PrivacyLoss:
   """Interface every mechanism implements (see the module docstring)."""
 
   symmetric: ClassVar[bool] = True
+
+  def _xp(self, *values):
+    """The array namespace of this model's parameters and ``values`` (see array_namespace)."""
+    return array_namespace(self, *values)
 
   def cdf_sf(self, loss, add=False):
     raise NotImplementedError
@@ -131,7 +142,7 @@ class Gaussian(PrivacyLoss):
 
   def loss_range(self, log_tail, add=False):
     mu = self._mu()
-    z = jnp.sqrt(-2.0 * log_tail)
+    z = self._xp(log_tail).sqrt(-2.0 * log_tail)
     return -0.5 * mu * mu - z * mu, 0.5 * mu * mu + z * mu
 
   def loss_nodes(self, t, add=False, t_high=None, panels=None):
@@ -185,15 +196,16 @@ class Laplace(PrivacyLoss):
     _check_concrete("sensitivity", self.sensitivity, 0.0, float("inf"), high_open=True)
 
   def cdf_sf(self, loss, add=False):
+    xp = self._xp(loss)
     e0 = self.sensitivity / self.scale
-    lc = jnp.clip(loss, -e0, e0)
+    lc = xp.clip(loss, -e0, e0)
     below, above = loss < -e0, loss >= e0
-    p_small = 0.5 * jnp.exp(0.5 * (lc - e0))
-    q_small = 0.5 * jnp.exp(-0.5 * (lc + e0))
-    p_cdf = jnp.where(below, 0.0, jnp.where(above, 1.0, p_small))
-    p_sf = jnp.where(below, 1.0, jnp.where(above, 0.0, 1.0 - p_small))
-    q_sf = jnp.where(below, 1.0, jnp.where(above, 0.0, q_small))
-    q_cdf = jnp.where(below, 0.0, jnp.where(above, 1.0, 1.0 - q_small))
+    p_small = 0.5 * xp.exp(0.5 * (lc - e0))
+    q_small = 0.5 * xp.exp(-0.5 * (lc + e0))
+    p_cdf = xp.where(below, 0.0, xp.where(above, 1.0, p_small))
+    p_sf = xp.where(below, 1.0, xp.where(above, 0.0, 1.0 - p_small))
+    q_sf = xp.where(below, 1.0, xp.where(above, 0.0, q_small))
+    q_cdf = xp.where(below, 0.0, xp.where(above, 1.0, 1.0 - q_small))
     return p_cdf, p_sf, q_cdf, q_sf
 
   def loss_range(self, log_tail, add=False):
@@ -228,8 +240,8 @@ class EpsilonDelta(PrivacyLoss):
 
   def cdf_sf(self, loss, add=False):
     eps, dlt = self.epsilon, self.delta
-    hi = (1.0 - dlt) * jax.nn.sigmoid(eps)   # P(L = +eps) = Q(L = -eps)
-    lo = (1.0 - dlt) * jax.nn.sigmoid(-eps)  # P(L = -eps) = Q(L = +eps)
+    hi = (1.0 - dlt) * sigmoid(eps)   # P(L = +eps) = Q(L = -eps)
+    lo = (1.0 - dlt) * sigmoid(-eps)  # P(L = -eps) = Q(L = +eps)
     ge_lo = (loss >= -eps).astype(loss.dtype)
     ge_hi = (loss >= eps).astype(loss.dtype)
     p_cdf = ge_lo * lo + ge_hi * hi
@@ -266,26 +278,28 @@ def subsampled_loss(base_loss, rate):
   log(1 - q) + log1p(q e^z / (1 - q)).
   """
   z = base_loss
+  xp = array_namespace(z, rate)
   full = rate >= 1.0
-  q_below_one = jnp.where(full, 0.5, rate)
-  decay = jnp.exp(-jnp.clip(z, -700.0, 700.0))  # e^{-z}; its inverse is e^z for z <= 0
-  rise = jnp.expm1(jnp.where(z > 0.0, 0.0, z))
+  q_below_one = xp.where(full, 0.5, rate)
+  decay = xp.exp(-xp.clip(z, -700.0, 700.0))  # e^{-z}; its inverse is e^z for z <= 0
+  rise = xp.expm1(xp.where(z > 0.0, 0.0, z))
   pos = (z > 0.0) | full
   near = ~pos & (rate * rise > -0.5)
   far = ~pos & ~near
   # Each branch sees a harmless placeholder where it is not selected (finite values and
   # gradients: e^{700} times a large ratio would overflow).
-  arg = jnp.where(pos, (1.0 - rate) / rate * jnp.where(pos, decay, 0.0),
-                  jnp.where(near, rate * rise,
-                            q_below_one / (1.0 - q_below_one) / jnp.where(far, decay, 1.0)))
-  offset = jnp.where(pos, z + jnp.log(rate), jnp.where(near, 0.0, _log1m_rate(rate)))
-  return offset + jnp.log1p(arg)
+  arg = xp.where(pos, (1.0 - rate) / rate * xp.where(pos, decay, 0.0),
+                 xp.where(near, rate * rise,
+                          q_below_one / (1.0 - q_below_one) / xp.where(far, decay, 1.0)))
+  offset = xp.where(pos, z + xp.log(rate), xp.where(near, 0.0, _log1m_rate(rate)))
+  return offset + xp.log1p(arg)
 
 
 def _log1m_rate(rate):
   """log(1 - q), -inf at q = 1, with finite gradients everywhere."""
+  xp = array_namespace(rate)
   below_one = rate < 1.0
-  return jnp.where(below_one, jnp.log1p(-jnp.where(below_one, rate, 0.5)), -jnp.inf)
+  return xp.where(below_one, xp.log1p(-xp.where(below_one, rate, 0.5)), -xp.inf)
 
 
 def _base_loss_of(loss, rate):
@@ -293,10 +307,11 @@ def _base_loss_of(loss, rate):
 
   Off the support (l <= log(1 - q)) z is -LOSS_BIG, where every base CDF is its -inf atom.
   """
+  xp = array_namespace(loss, rate)
   support = loss > _log1m_rate(rate)
-  shifted = jnp.where(support, jnp.expm1(jnp.minimum(loss, 700.0)) + rate, 1.0)
-  z = jnp.where(support, jnp.log(shifted) - jnp.log(rate), -LOSS_BIG)
-  return jnp.clip(z, -LOSS_BIG, LOSS_BIG), support
+  shifted = xp.where(support, xp.expm1(xp.minimum(loss, 700.0)) + rate, 1.0)
+  z = xp.where(support, xp.log(shifted) - xp.log(rate), -LOSS_BIG)
+  return xp.clip(z, -LOSS_BIG, LOSS_BIG), support
 
 
 @_model
@@ -316,18 +331,18 @@ class PoissonSampled(PrivacyLoss):
     _check_concrete("sampling rate", self.rate, 0.0, 1.0)
 
   def cdf_sf(self, loss, add=False):
-    q = self.rate
+    q, xp = self.rate, self._xp(loss, add)
     # remove: L = f(L_base) under P = mixture, Q = B0; add: L = -f(L_base) under P = B0,
     # Q = mixture, so L <= l  <=>  L_base >= z(-l) and the roles of CDF and SF swap.
-    z, support = _base_loss_of(jnp.where(add, -1.0, 1.0) * _clamp(loss), q)
+    z, support = _base_loss_of(xp.where(add, -1.0, 1.0) * _clamp(loss), q)
     bp_cdf, bp_sf, bq_cdf, bq_sf = self.base.cdf_sf(z)
     mix_cdf = q * bp_cdf + (1.0 - q) * bq_cdf
     mix_sf = q * bp_sf + (1.0 - q) * bq_sf
-    on = lambda value, off: jnp.where(support, value, off)
+    on = lambda value, off: xp.where(support, value, off)
     remove = (on(mix_cdf, 0.0), on(mix_sf, 1.0), on(bq_cdf, 0.0), on(bq_sf, 1.0))
     # With q = 1 the base's -inf atom under Q is P(L = +inf) in the add pair; p_sf includes it.
     added = (on(bq_sf, 1.0), on(bq_cdf, 0.0), on(mix_sf, 1.0), on(mix_cdf, 0.0))
-    return tuple(jnp.where(add, a, r) for r, a in zip(remove, added))
+    return tuple(xp.where(add, a, r) for r, a in zip(remove, added))
 
   def inf_mass(self, add=False):
     q = self.rate
@@ -338,11 +353,11 @@ class PoissonSampled(PrivacyLoss):
     return jnp.where(add, jnp.where(q >= 1.0, bq_atom, 0.0), q * self.base.inf_mass())
 
   def loss_range(self, log_tail, add=False):
-    q = self.rate
+    q, xp = self.rate, self._xp(log_tail, add)
     lo_b, hi_b = self.base.loss_range(log_tail)
-    lo = jnp.where(q < 1.0, _log1m_rate(q), lo_b)
+    lo = xp.where(q < 1.0, _log1m_rate(q), lo_b)
     hi = subsampled_loss(hi_b, q)
-    return jnp.where(add, -hi, lo), jnp.where(add, -lo, hi)
+    return xp.where(add, -hi, lo), xp.where(add, -lo, hi)
 
   def loss_nodes(self, t, add=False, t_high=None, panels=None):
     # remove: L = f(Z) under q B1 + (1-q) B0 = e^{f(Z) - Z} dB1; add: L = -f(Z) under
@@ -373,20 +388,21 @@ class SampledGaussianReplaceOne(PrivacyLoss):
 
   def _x_of_loss(self, loss):
     s, sig, q = self.sensitivity, self.sigma, self.rate
+    xp = self._xp(loss)
     a = s / sig**2
     c = 0.5 * (s / sig) ** 2
-    half = 0.5 * jnp.clip(loss, -1400.0, 1400.0)
+    half = 0.5 * xp.clip(loss, -1400.0, 1400.0)
     nonzero = (half != 0.0) & (q < 1.0)
-    abs_half = jnp.where(nonzero, jnp.abs(half), 1.0)
-    log_sinh = jnp.where(abs_half > 1.0,
-                         abs_half + jnp.log1p(-jnp.exp(-2.0 * abs_half)) - jnp.log(2.0),
-                         jnp.log(jnp.sinh(abs_half)))
-    q_safe = jnp.where(q < 1.0, q, 0.5)
-    log_ratio = jnp.log1p(-q_safe) + log_sinh + c - jnp.log(q_safe)  # log |B / C|
+    abs_half = xp.where(nonzero, xp.abs(half), 1.0)
+    log_sinh = xp.where(abs_half > 1.0,
+                        abs_half + xp.log1p(-xp.exp(-2.0 * abs_half)) - xp.log(2.0),
+                        xp.log(xp.sinh(abs_half)))
+    q_safe = xp.where(q < 1.0, q, 0.5)
+    log_ratio = xp.log1p(-q_safe) + log_sinh + c - xp.log(q_safe)  # log |B / C|
     big = log_ratio > 30.0
-    asinh_abs = jnp.where(big, log_ratio + jnp.log(2.0),
-                          jnp.arcsinh(jnp.exp(jnp.minimum(log_ratio, 30.0))))
-    log_v = jnp.where(nonzero, -jnp.sign(half) * asinh_abs, 0.0)
+    asinh_abs = xp.where(big, log_ratio + xp.log(2.0),
+                         xp.arcsinh(xp.exp(xp.minimum(log_ratio, 30.0))))
+    log_v = xp.where(nonzero, -xp.sign(half) * asinh_abs, 0.0)
     return (log_v - half) / a
 
   def cdf_sf(self, loss, add=False):
@@ -403,14 +419,15 @@ class SampledGaussianReplaceOne(PrivacyLoss):
 
   def loss_range(self, log_tail, add=False):
     s, sig, q = self.sensitivity, self.sigma, self.rate
-    z = jnp.sqrt(-2.0 * log_tail)
+    xp = self._xp(log_tail)
+    z = xp.sqrt(-2.0 * log_tail)
     a = s / sig**2
     c = 0.5 * (s / sig) ** 2
     log1mq = _log1m_rate(q)
 
     def loss_at(x):
-      num = jnp.logaddexp(jnp.log(q) - a * x - c, log1mq)
-      den = jnp.logaddexp(jnp.log(q) + a * x - c, log1mq)
+      num = xp.logaddexp(xp.log(q) - a * x - c, log1mq)
+      den = xp.logaddexp(xp.log(q) + a * x - c, log1mq)
       return num - den
 
     x_edge = s + z * sig

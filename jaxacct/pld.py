@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxacct import results
-from jaxacct._numerics import (F64_EPS, LOSS_BIG, fast_jit, flatten_batch, float64,
+from jaxacct._numerics import (F64_EPS, LOSS_BIG, array_namespace, fast_jit, float64,
                                hockey_primitive, implicit_root, newton_in_bracket,
                                scoped_gradients)
 from jaxacct.composition import Composition
@@ -156,10 +156,11 @@ def _cell_masses(cdf, sf):
   the split amplifies to ~1e-10 relative), i.e. kinks in delta and noise in finite differences.
   Returns the masses and the magnitude of the differenced values (for round-off bounds).
   """
-  w = jnp.clip(cdf[:-1], 0.0, 1.0)
-  mass = w * (sf[:-1] - sf[1:]) + (1.0 - w) * (cdf[1:] - cdf[:-1])
-  scale = w * sf[:-1] + (1.0 - w) * cdf[1:]
-  return jnp.maximum(mass, 0.0), scale
+  xp = array_namespace(cdf, sf)
+  w = xp.clip(cdf[..., :-1], 0.0, 1.0)
+  mass = w * (sf[..., :-1] - sf[..., 1:]) + (1.0 - w) * (cdf[..., 1:] - cdf[..., :-1])
+  scale = w * sf[..., :-1] + (1.0 - w) * cdf[..., 1:]
+  return xp.maximum(mass, 0.0), scale
 
 
 def _discretise(model, add, plan: Plan) -> _Step:
@@ -200,29 +201,41 @@ def _discretise(model, add, plan: Plan) -> _Step:
                bias)
 
 
-_CGF_BLOCK = 32  # grid points per block in _step_cgf
+_CGF_BLOCK = 32  # grid points per block in _grid_cgf
 
 
-def _step_cgf(step: _Step, h):
-  """log E[e^{lambda D}; D finite] at +-_TILTS (exact, for the discrete step).
+def _grid_cgf(pmf, start, h):
+  """log sum_i pmf_i e^{lambda (start + i) h} at lambda = +-_TILTS: [..., 2, K] for pmfs [..., M]
+  (a batch on the host; one step in JAX, with scalar start and h).
 
   Blocks of _CGF_BLOCK points: sum_r p_{J,r} e^{lambda h (r - c)} is a matrix product with a
   small table (c the block centre), then a log-sum-exp over blocks. A tilt whose table would
   leave float64 range is given cgf = +inf, which only makes its Chernoff bound vacuous.
   """
-  size = step.pmf.shape[0]
+  xp = array_namespace(pmf, start, h)
+  batch, size = pmf.shape[:-1], pmf.shape[-1]
   blocks = -(-size // _CGF_BLOCK)
-  pmf = jnp.concatenate([jnp.maximum(step.pmf, 0.0), jnp.zeros(blocks * _CGF_BLOCK - size)])
+  pmf = xp.concatenate([xp.maximum(pmf, 0.0), xp.zeros(batch + (blocks * _CGF_BLOCK - size,))],
+                       axis=-1)
   centre = 0.5 * (_CGF_BLOCK - 1)
-  tilts = jnp.concatenate([jnp.asarray(_TILTS), -jnp.asarray(_TILTS)])
-  exponent = tilts[:, None] * h * (jnp.arange(_CGF_BLOCK) - centre)[None, :]
-  in_range = jnp.asarray(_TILTS) * h * centre <= 600.0
-  table = jnp.exp(jnp.clip(exponent, -700.0, 700.0))
-  sums = pmf.reshape(blocks, _CGF_BLOCK) @ table.T                        # [blocks, 2K]
-  block_centres = (step.start + jnp.arange(blocks) * _CGF_BLOCK + centre) * h
-  log_terms = jnp.log(sums) + tilts[None, :] * block_centres[:, None]
-  cgf = jax.nn.logsumexp(log_terms, axis=0).reshape(2, len(_TILTS))
-  return jax.lax.stop_gradient(jnp.where(in_range[None, :], cgf, jnp.inf))
+  tilts = np.concatenate([_TILTS, -_TILTS])
+  h = h[..., None, None]
+  exponent = tilts[:, None] * h * (np.arange(_CGF_BLOCK) - centre)                 # [..., 2K, b]
+  in_range = _TILTS * h[..., 0] * centre <= 600.0
+  table = xp.exp(xp.clip(exponent, -700.0, 700.0))
+  sums = pmf.reshape(batch + (blocks, _CGF_BLOCK)) @ xp.swapaxes(table, -1, -2)  # [..., B, 2K]
+  block_centres = (start[..., None, None] + np.arange(blocks)[:, None] * _CGF_BLOCK + centre) * h
+  log_terms = xp.log(sums) + tilts * block_centres
+  peak = xp.max(log_terms, axis=-2, keepdims=True)
+  peak = xp.where(xp.isfinite(peak), peak, 0.0)
+  cgf = peak[..., 0, :] + xp.log(xp.sum(xp.exp(log_terms - peak), axis=-2))
+  cgf = cgf.reshape(batch + (2, len(_TILTS)))
+  return xp.where(in_range[..., None, :], cgf, xp.inf)
+
+
+def _step_cgf(step: _Step, h):
+  """log E[e^{lambda D}; D finite] at +-_TILTS (exact, for the discrete step)."""
+  return jax.lax.stop_gradient(_grid_cgf(step.pmf, step.start, h))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -433,8 +446,9 @@ def _high_band(acc, steps, plan: Plan, previous=None):
 def _window_edges(cgf, log_level):
   """Chernoff: the composed sum lies in [bottom, top] but for exp(log_level) mass on each side,
   from its log-MGF ``cgf`` at +-_TILTS."""
-  tilts = jnp.asarray(_TILTS)
-  return jnp.max(-(cgf[1] - log_level) / tilts), jnp.min((cgf[0] - log_level) / tilts)
+  xp = array_namespace(cgf, log_level)
+  return (xp.max(-(cgf[..., 1, :] - log_level) / _TILTS, axis=-1),
+          xp.min((cgf[..., 0, :] - log_level) / _TILTS, axis=-1))
 
 
 def _materialise(acc, plan: Plan):
@@ -478,7 +492,7 @@ def _materialise(acc, plan: Plan):
 
 def _directions(composition: Composition):
   """Direction flags to compose: remove only for symmetric lists, else remove and add."""
-  return jnp.array([0.0] if composition.symmetric else [0.0, 1.0])
+  return np.array([0.0] if composition.symmetric else [0.0, 1.0])
 
 
 def compose(composition: Composition, plan: Plan) -> PrivacyLossDistribution:
@@ -767,55 +781,81 @@ def _ladder(n: int, minimum: int = 64) -> int:
   raise AssertionError("unreachable")
 
 
-_PLAN_POINTS = 2048  # fixed grid of the planning pass: one compilation per model structure
+_PLAN_POINTS = 2048  # points of the planning pass's coarse grid for each step
 
 
-@fast_jit
 def _plan_widths(composition: Composition, log_tail, log_window_tail):
-  """Per batch element: widest per-step loss range, width of the composed window and the
-  count-weighted mean variance of a step's loss.
+  """Per setting of a (batched) composition: widest per-step loss range, width of the composed
+  window and the count-weighted mean variance of a step's loss. On the host (numpy: nothing is
+  compiled; a model written with jax.numpy alone runs eagerly here).
 
-  Each step is discretised on a coarse grid of ``_PLAN_POINTS`` points spanning its range (the
-  connect-the-dots pmf is pessimistic, so its upper tail is if anything heavier); the window comes
-  from the same Chernoff rule as in ``_materialise``.
+  Each step is split as in ``_discretise`` (without its round-off guard) on a coarse grid of
+  ``_PLAN_POINTS`` points spanning its range; the window comes from the same Chernoff rule as in
+  ``_materialise``. (These only size the plan: the accountant checks its own window and widens
+  the plan if the composed loss outgrows it.)
   """
-  def one(comp):
-    def per_direction(add):
-      cgf = jnp.zeros((2, len(_TILTS)))
-      widest = variance = total = jnp.zeros(())
-      for mech, count in zip(comp.mechanisms, comp.counts):
-        lo, hi = mech.loss_range(log_tail, add)
-        lo = jnp.clip(lo, -LOSS_BIG / 2, LOSS_BIG / 2)
-        hi = jnp.clip(hi, lo + 1e-12, LOSS_BIG / 2)
-        widest = jnp.maximum(widest, hi - lo)
-        coarse = Plan(jnp.maximum((hi - lo) / (_PLAN_POINTS - 8), 1e-9), log_tail,
-                      log_window_tail, jnp.asarray(0.0), _PLAN_POINTS, _PLAN_POINTS)
-        step = _discretise(mech, add, coarse)
-        count = jnp.asarray(count, jnp.float64)
-        cgf = cgf + count * _step_cgf(step, coarse.grid_step)
-        t = (step.start + jnp.arange(_PLAN_POINTS)) * coarse.grid_step
-        weights = step.pmf / jnp.sum(step.pmf)
-        mean = jnp.sum(weights * t)
-        variance = variance + count * jnp.sum(weights * (t - mean) ** 2)
-        total = total + count
-      bottom, top = _window_edges(cgf, log_window_tail)
-      return widest, top - bottom, variance / jnp.maximum(total, 1.0)
+  host = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), composition)
+  shape = np.broadcast_shapes(*[a.shape for a in jax.tree_util.tree_leaves(host)])
+  host = jax.tree_util.tree_map(lambda a: np.broadcast_to(a, shape).reshape(-1, 1), host)
+  settings = math.prod(shape)
+  widest, window, variance = np.zeros(settings), np.zeros(settings), np.full(settings, np.inf)
+  for add in np.asarray(_directions(composition)):
+    cgf = np.zeros((settings, 2, len(_TILTS)))
+    spread = total = np.zeros((settings, 1))
+    for mech, count in zip(host.mechanisms, host.counts):
+      lo, hi = (np.broadcast_to(v, (settings, 1)) for v in mech.loss_range(log_tail, add))
+      lo = np.clip(lo, -LOSS_BIG / 2, LOSS_BIG / 2)
+      hi = np.clip(hi, lo + 1e-12, LOSS_BIG / 2)
+      widest = np.maximum(widest, (hi - lo)[:, 0])
+      h = np.maximum((hi - lo) / (_PLAN_POINTS - 8), 1e-9)
+      start = np.floor(lo / h) - 1.0
+      t = (start + np.arange(_PLAN_POINTS)) * h
+      p_cdf, p_sf, q_cdf, q_sf = (np.broadcast_to(v, t.shape) for v in
+                                  mech.cdf_sf(np.minimum(t, np.ceil(hi / h) * h), add))
+      p_cell, q_cell = _cell_masses(p_cdf, p_sf)[0], _cell_masses(q_cdf, q_sf)[0]
+      to_lower = np.clip((np.exp(np.minimum(t[:, 1:], _MAX_SPAN)) * q_cell - p_cell)
+                         / np.expm1(h), 0.0, p_cell)
+      pmf = np.concatenate([to_lower, np.zeros((settings, 1))], axis=1)
+      pmf[:, 1:] += p_cell - to_lower
+      pmf[:, 0] += p_cdf[:, 0]  # mass below the grid
+      step_cgf = _grid_cgf(pmf, start[:, 0], h[:, 0])
+      cgf = cgf + np.where(count[:, :, None] > 0, count[:, :, None] * step_cgf, 0.0)
+      weights = pmf / np.sum(pmf, axis=1, keepdims=True)
+      mean = np.sum(weights * t, axis=1, keepdims=True)
+      spread = spread + count * np.sum(weights * (t - mean) ** 2, axis=1, keepdims=True)
+      total = total + count
+    bottom, top = _window_edges(cgf, log_window_tail)
+    window = np.maximum(window, top - bottom)
+    variance = np.minimum(variance, (spread / np.maximum(total, 1.0))[:, 0])
+  return widest, window, variance
 
-    widest, window, variance = jax.vmap(per_direction)(_directions(comp))
-    return jnp.max(widest), jnp.max(window), jnp.min(variance)
 
-  return jax.lax.map(one, composition, batch_size=64)
-
-
-# Grid sizes compiled so far in this process: a new plan reuses one within 2x of its need.
+# Static sizes (per step, fft, low band, band) planned so far in this process: a new plan reuses
+# one that is within 2x of its grid sizes and at least its bands, so nearby settings share one
+# compiled program. (The bands are provisioned twice their need: they cost little.)
 _USED_SIZES: set = set()
 
 
-def _reuse_sizes(per_step: int, fft: int):
-  fits = [(m, n) for m, n in _USED_SIZES if per_step <= m <= 2 * per_step and fft <= n <= 2 * fft]
-  chosen = min(fits, key=lambda mn: (mn[1], mn[0])) if fits else (per_step, fft)
-  _USED_SIZES.add(chosen)
-  return chosen
+def _static_sizes(per_step: int, fft: int, sd_bins: float, composed_sd_bins: float,
+                  log_window_tail: float):
+  """(per_step, fft, low, block, band) for the needed grid sizes: a reused set if one fits."""
+  def needs(n):  # low band and band needed on an FFT of n points
+    return _low_band(n, sd_bins), _band(n, composed_sd_bins, log_window_tail)
+
+  def fits(sizes):
+    m, n, low, band = sizes
+    need_low, need_band = needs(n)
+    return (per_step <= m <= 2 * per_step and fft <= n <= 2 * fft
+            and low >= need_low and band >= need_band)
+
+  reusable = [sizes for sizes in _USED_SIZES if fits(sizes)]
+  if reusable:
+    m, n, low, band = min(reusable, key=lambda t: (t[1], t[0], t[2], t[3]))
+  else:
+    m, n = per_step, fft
+    low, band = (min(n // 2 + 1, _ladder(2 * need, minimum=1)) for need in needs(n))
+  _USED_SIZES.add((m, n, low, band))
+  return m, n, low, _block(n, low), max(low, band)
 
 
 def make_plan(composition: Composition, delta, eps_error=0.01, delta_error=1e-3) -> Plan:
@@ -842,54 +882,55 @@ def make_plan(composition: Composition, delta, eps_error=0.01, delta_error=1e-3)
     slope = math.sqrt(0.5 * total * math.log(1.0 / eta)) + 5.0
     curvature = total / 8.0
     h = 2.0 * target / (slope + math.sqrt(slope * slope + 4.0 * curvature * target))
-    flat, _ = flatten_batch(composition)
-    ranges, windows, variances = _plan_widths(flat, jnp.asarray(log_tail),
-                                              jnp.asarray(log_window_tail))
+    with np.errstate(all="ignore"):  # numpy evaluates both sides of the models' selects
+      ranges, windows, variances = _plan_widths(composition, np.float64(log_tail),
+                                                np.float64(log_window_tail))
     # The split adds ~h^2/6 of variance per step; keep that below 1e-4 of the loss variance so the
     # estimate stays accurate when a step's loss is narrower than the grid (small q, large sigma).
     # (At most 64x finer: a degenerate loss, e.g. a point mass, is not refined without end.)
-    h = max(min(h, math.sqrt(6e-4 * float(jnp.min(variances)))), h / 64.0)
-    per_step = _ladder(math.ceil(float(jnp.max(ranges)) / h) + 3)
-    fft = _ladder(max(per_step, math.ceil(1.03 * float(jnp.max(windows)) / h) + 16))
+    h = max(min(h, math.sqrt(6e-4 * float(np.min(variances)))), h / 64.0)
+    per_step = _ladder(math.ceil(float(np.max(ranges)) / h) + 3)
+    fft = _ladder(max(per_step, math.ceil(1.03 * float(np.max(windows)) / h) + 16))
     if fft * h > _MAX_SPAN:
       raise ValueError(f"the composed privacy loss spans {fft * h:.0f} units: epsilon is far "
                        "beyond what this accountant serves (reduce steps or raise the noise)")
     if fft > 2**26:
       raise ValueError(f"the plan needs an FFT of {fft} points; raise eps_error (now {eps_error})")
-    per_step, fft = _reuse_sizes(per_step, fft)
-    variance = float(jnp.min(variances))
-    low, block = _low_band(fft, math.sqrt(variance) / h)
-    band = _band(fft, math.sqrt(total * variance) / h, log_window_tail, low)
-    return Plan(jnp.asarray(h), jnp.asarray(log_tail), jnp.asarray(log_window_tail),
-                jnp.asarray(delta_error), per_step, fft, low, block, band)
+    variance = float(np.min(variances))
+    per_step, fft, low, block, band = _static_sizes(
+        per_step, fft, math.sqrt(variance) / h, math.sqrt(total * variance) / h, log_window_tail)
+    return Plan(*(np.asarray(v, np.float64) for v in (h, log_tail, log_window_tail, delta_error)),
+                per_step, fft, low, block, band)
 
 
-def _low_band(fft: int, sd_bins: float):
+def _low_band(fft: int, sd_bins: float) -> int:
   """Coefficients computed directly: those with 1 - |F_k| < ~1e-2 for a step of ``sd_bins``
-  grid points' spread (where round-off is amplified > ~40x), and a block size with theta b <= 0.05.
-  """
+  grid points' spread (where round-off is amplified > ~40x)."""
   low = int(min(fft // 2 + 1, max(2, math.ceil(0.0225 * fft / max(sd_bins, 1e-9)) + 2)))
   low = _ladder(low, minimum=8) if low > 8 else low
-  low = min(low, fft // 2 + 1)
-  block = max(1, int(0.05 * fft / (2.0 * math.pi * low)))
-  return low, block
+  return min(low, fft // 2 + 1)
 
 
-def _band(fft: int, sd_bins: float, log_window_tail: float, low: int) -> int:
+def _block(fft: int, low: int) -> int:
+  """Block size of the low band's moments: theta b <= 0.05 for every frequency below ``low``."""
+  return max(1, int(0.05 * fft / (2.0 * math.pi * low)))
+
+
+def _band(fft: int, sd_bins: float, log_window_tail: float) -> int:
   """Spectrum coefficients kept when the rest is negligible: for a composed loss of ``sd_bins``
   grid points' spread, a Gaussian's |F_k| = exp(-2 pi^2 k^2 sd^2 / n^2) falls below the window
   level near k = n sqrt(level / 2) / (pi sd); four times that (a composition that is not yet
   Gaussian-like only takes the slower full-spectrum branch, see _high_band)."""
   level = -log_window_tail + 0.5 * math.log(fft) + 5.0
   k = 4.0 * fft * math.sqrt(0.5 * level) / (math.pi * max(sd_bins, 1e-9)) + 16
-  return max(low, min(fft // 2 + 1, _ladder(k, minimum=16)))
+  return min(fft // 2 + 1, _ladder(k, minimum=16))
 
 
 def widen(plan: Plan) -> Plan:
   """The same plan with a twice larger FFT window (after a WINDOW_TOO_SMALL status)."""
   fft = _ladder(2 * plan.fft_size)
-  _USED_SIZES.add((plan.per_step_size, fft))
   low = min(2 * plan.low_frequencies, fft // 2 + 1)
-  return dataclasses.replace(plan, fft_size=fft, low_frequencies=low,
-                             block=max(1, int(0.05 * fft / (2.0 * math.pi * low))),
-                             band=min(2 * plan.band, fft // 2 + 1))
+  band = min(2 * plan.band, fft // 2 + 1)
+  _USED_SIZES.add((plan.per_step_size, fft, low, band))
+  return dataclasses.replace(plan, fft_size=fft, low_frequencies=low, block=_block(fft, low),
+                             band=band)

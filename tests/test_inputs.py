@@ -115,6 +115,20 @@ def test_batch_with_one_bad_epsilon():
     jaxacct.dpsgd_delta(1.0, 0.01, 1000, np.array([1.0, -1.0]))
 
 
+def test_lists_are_batches_like_arrays():
+  # Python lists of parameters or counts batch like arrays (not a pytree of scalars).
+  from conftest import gaussian_epsilon
+  r = jaxacct.epsilon([(jaxacct.Gaussian([3.0, 4.0]), [10, 40])], [1e-5, 1e-6])
+  for i, (sigma, steps, delta) in enumerate([(3.0, 10, 1e-5), (4.0, 40, 1e-6)]):
+    exact = gaussian_epsilon(delta, math.sqrt(steps) / sigma)
+    assert float(r.lower[i]) <= exact <= float(r.upper[i])
+    assert abs(float(r.estimate[i]) - exact) <= 1e-4
+  listed = jaxacct.dpsgd_epsilon([1.0, 2.0], 0.01, [1000, 100], 1e-5)
+  arrays = jaxacct.dpsgd_epsilon(np.array([1.0, 2.0]), 0.01, np.array([1000, 100]), 1e-5)
+  np.testing.assert_array_equal(np.asarray(listed.upper), np.asarray(arrays.upper))
+  assert float(listed.lower[0]) <= DPSGD_EPS_1E5 <= float(listed.upper[0])
+
+
 # ---------------------------------------------------------------------------------------------
 # 3. A delta far below what the grid resolves never yields a wrong finite epsilon.
 

@@ -9,7 +9,6 @@ import logging
 import math
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import jaxacct

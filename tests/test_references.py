@@ -13,7 +13,6 @@ libraries are test-only dependencies). Comparisons use only what the references 
 grows when the grid is refined, by ~1e-4.)
 """
 
-import numpy as np
 import pytest
 
 import jaxacct
