@@ -15,7 +15,6 @@ import jax
 import jax.numpy as jnp
 import jax.scipy.special
 import numpy as np
-import scipy.special
 
 F64_EPS = float(np.finfo(np.float64).eps)
 # Loss values beyond +-LOSS_BIG carry no mass for any supported model; clamping edges there keeps
@@ -51,12 +50,18 @@ def array_namespace(*values):
 
 def erfc(x):
   """The complementary error function, on the host (scipy) or in JAX."""
-  return scipy.special.erfc(x) if isinstance(x, _HOST_TYPES) else jax.scipy.special.erfc(x)
+  if isinstance(x, _HOST_TYPES):
+    import scipy.special  # (imported when first needed: ~0.1 s)
+    return scipy.special.erfc(x)
+  return jax.scipy.special.erfc(x)
 
 
 def sigmoid(x):
   """1 / (1 + e^{-x}), on the host (scipy) or in JAX."""
-  return scipy.special.expit(x) if isinstance(x, _HOST_TYPES) else jax.nn.sigmoid(x)
+  if isinstance(x, _HOST_TYPES):
+    import scipy.special
+    return scipy.special.expit(x)
+  return jax.nn.sigmoid(x)
 
 
 def float64(fn):

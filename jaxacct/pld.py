@@ -831,9 +831,12 @@ def _plan_widths(composition: Composition, log_tail, log_window_tail):
 
 
 # Static sizes (per step, fft, low band, band) planned so far in this process: a new plan reuses
-# one that is within 2x of its grid sizes and at least its bands, so nearby settings share one
-# compiled program. (The bands are provisioned twice their need: they cost little.)
+# one within 2x of its grid sizes and 1-4x its bands' needs, so nearby settings share one
+# compiled program. New bands get headroom: 2x for the band (it costs little), 1.25x for the low
+# band (its direct sums cost ~ its square: ~5% of a warm call): one program serves a sweep of
+# sigma over ~20-25% one setting at a time.
 _USED_SIZES: set = set()
+_LOW_HEADROOM = 1.25
 
 
 def _static_sizes(per_step: int, fft: int, sd_bins: float, composed_sd_bins: float,
@@ -846,14 +849,16 @@ def _static_sizes(per_step: int, fft: int, sd_bins: float, composed_sd_bins: flo
     m, n, low, band = sizes
     need_low, need_band = needs(n)
     return (per_step <= m <= 2 * per_step and fft <= n <= 2 * fft
-            and low >= need_low and band >= need_band)
+            and need_low <= low <= 4 * need_low and need_band <= band <= 4 * need_band)
 
   reusable = [sizes for sizes in _USED_SIZES if fits(sizes)]
   if reusable:
     m, n, low, band = min(reusable, key=lambda t: (t[1], t[0], t[2], t[3]))
   else:
     m, n = per_step, fft
-    low, band = (min(n // 2 + 1, _ladder(2 * need, minimum=1)) for need in needs(n))
+    need_low, need_band = needs(n)
+    low = min(n // 2 + 1, _ladder(_LOW_HEADROOM * need_low, minimum=1))
+    band = min(n // 2 + 1, _ladder(2 * need_band, minimum=1))
   _USED_SIZES.add((m, n, low, band))
   return m, n, low, _block(n, low), max(low, band)
 

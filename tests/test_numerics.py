@@ -211,3 +211,21 @@ def test_a_wide_sweep_plan_runs_the_low_band_in_chunks():
       assert float(swept.lower[i]) <= float(alone.upper)
       assert float(alone.lower) <= float(swept.upper[i])
       assert float(alone.lower) <= float(swept.estimate[i]) <= float(alone.upper)
+
+
+def test_nearby_settings_share_one_program(monkeypatch):
+  """Settings planned one at a time reuse static sizes that fit them (one compiled program for a
+  sigma sweep over 25%); a reused plan's bracket agrees with the setting's own plan."""
+  monkeypatch.setattr(pld, "_USED_SIZES", set())
+  sigmas = np.linspace(1.0, 1.25, 6)
+  plans = [jaxacct.dpsgd_plan(s, 0.01, 1000, 1e-5) for s in sigmas]
+  assert len({(p.per_step_size, p.fft_size, p.low_frequencies, p.block, p.band)
+              for p in plans}) == 1
+  reused = jaxacct.dpsgd_epsilon(sigmas[-1], 0.01, 1000, 1e-5, plan=plans[-1])
+  monkeypatch.setattr(pld, "_USED_SIZES", set())
+  own_plan = jaxacct.dpsgd_plan(sigmas[-1], 0.01, 1000, 1e-5)
+  assert own_plan.fft_size < plans[-1].fft_size  # (a plan of its own)
+  own = jaxacct.dpsgd_epsilon(sigmas[-1], 0.01, 1000, 1e-5, plan=own_plan)
+  assert int(reused.status) == 0 and int(own.status) == 0
+  assert float(reused.lower) <= float(own.upper) and float(own.lower) <= float(reused.upper)
+  assert abs(float(reused.estimate) - float(own.estimate)) <= 1e-6
