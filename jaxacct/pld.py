@@ -784,10 +784,13 @@ def _ladder(n: int, minimum: int = 64) -> int:
 _PLAN_POINTS = 2048  # points of the planning pass's coarse grid for each step
 
 
+_PLAN_CHUNK = 256  # settings per block of the planning pass (~4 MB per [settings, points] array)
+
+
 def _plan_widths(composition: Composition, log_tail, log_window_tail):
   """Per setting of a (batched) composition: widest per-step loss range, width of the composed
   window and the count-weighted mean variance of a step's loss. On the host (numpy: nothing is
-  compiled; a model written with jax.numpy alone runs eagerly here).
+  compiled; a model written with jax.numpy alone runs eagerly here), in blocks of settings.
 
   Each step is split as in ``_discretise`` (without its round-off guard) on a coarse grid of
   ``_PLAN_POINTS`` points spanning its range; the window comes from the same Chernoff rule as in
@@ -797,9 +800,17 @@ def _plan_widths(composition: Composition, log_tail, log_window_tail):
   host = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), composition)
   shape = np.broadcast_shapes(*[a.shape for a in jax.tree_util.tree_leaves(host)])
   host = jax.tree_util.tree_map(lambda a: np.broadcast_to(a, shape).reshape(-1, 1), host)
-  settings = math.prod(shape)
+  blocks = [_block_widths(jax.tree_util.tree_map(lambda a: a[i:i + _PLAN_CHUNK], host),
+                          _directions(composition), log_tail, log_window_tail)
+            for i in range(0, math.prod(shape), _PLAN_CHUNK)]
+  return tuple(np.concatenate(parts) for parts in zip(*blocks))
+
+
+def _block_widths(host: Composition, directions, log_tail, log_window_tail):
+  """``_plan_widths`` for a block of settings (numpy leaves of shape [settings, 1])."""
+  settings = jax.tree_util.tree_leaves(host)[0].shape[0]
   widest, window, variance = np.zeros(settings), np.zeros(settings), np.full(settings, np.inf)
-  for add in np.asarray(_directions(composition)):
+  for add in directions:
     cgf = np.zeros((settings, 2, len(_TILTS)))
     spread = total = np.zeros((settings, 1))
     for mech, count in zip(host.mechanisms, host.counts):
