@@ -34,8 +34,10 @@ _HOST_TYPES = (np.ndarray, np.generic, float, int, bool)
 
 
 def as_leaf(value):
-  """A list or tuple of numbers as one float64 array (a batch), not a pytree of scalars."""
-  return np.asarray(value, np.float64) if isinstance(value, (list, tuple)) else value
+  """A list or tuple of host numbers as one float64 array (a batch), not a pytree of scalars."""
+  host = isinstance(value, (list, tuple)) and all(
+      isinstance(v, _HOST_TYPES) for v in jax.tree_util.tree_leaves(value))
+  return np.asarray(value, np.float64) if host else value
 
 
 def array_namespace(*values):

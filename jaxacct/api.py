@@ -102,7 +102,10 @@ def _run_planned(one, many, composition, x, plan, replan, batch_size):
   for _ in range(2):
     if not np.any(np.asarray(result.status) & WINDOW_TOO_SMALL):
       break
-    plan = _pld.widen(plan)
+    wider = _pld.widen(plan)
+    if wider is None:  # (as wide as float64 serves: the widened bounds stand)
+      break
+    plan = wider
     result = _run(one, many, composition, x, plan, batch_size)
   failed = np.flatnonzero(np.asarray(result.status) & _SHARED_PLAN_FAILED)
   if np.ndim(result.status) == 0 or failed.size == 0:

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 
 from jaxacct._numerics import as_leaf
-from jaxacct.models import PrivacyLoss
+from jaxacct.models import PrivacyLoss, with_array_fields
 
 
 @jax.tree_util.register_dataclass
@@ -32,7 +32,7 @@ class Composition:
       if isinstance(entry, PrivacyLoss):
         entry = (entry, 1)
       mech, count = entry
-      mechs.append(mech)
+      mechs.append(with_array_fields(mech))
       counts.append(as_leaf(count))
     return cls(tuple(mechs), tuple(counts))
 

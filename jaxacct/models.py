@@ -22,6 +22,11 @@ both directions share one compiled program):
   from it, see ``jaxacct.cgf``.
 
 Models whose pair is the same in both directions set ``symmetric = True``.
+
+``cdf_sf`` and ``loss_range`` are called one setting at a time (scalar parameters, a 1-D array of
+losses), in JAX by the accountants and with numpy values by the planner on the host. The models
+here take numpy or jax.numpy from their inputs (``array_namespace``), so planning compiles
+nothing; a model written with jax.numpy alone also works (the planner then runs it eagerly).
 """
 
 from __future__ import annotations
@@ -43,14 +48,25 @@ _SQRT_HALF = float(np.sqrt(0.5))
 
 def _model(cls):
   """Frozen dataclass registered as a pytree whose fields are all data (array) fields."""
-
-  def __post_init__(self):  # noqa: N807 - the dataclass hook
-    for field in dataclasses.fields(self):
-      object.__setattr__(self, field.name, as_leaf(getattr(self, field.name)))
-
-  cls.__post_init__ = __post_init__
   cls = dataclasses.dataclass(frozen=True)(cls)
   return jax.tree_util.register_dataclass(cls)
+
+
+def with_array_fields(model):
+  """``model`` with its list or tuple parameters as arrays (a batch), nested models included.
+
+  (Done when a composition is built, not in the constructor: JAX rebuilds models through it when
+  unflattening, with leaves that are not parameters.)
+  """
+  if not dataclasses.is_dataclass(model):
+    return model
+  changes = {}
+  for field in dataclasses.fields(model):
+    value = getattr(model, field.name)
+    new = with_array_fields(value) if isinstance(value, PrivacyLoss) else as_leaf(value)
+    if new is not value:
+      changes[field.name] = new
+  return dataclasses.replace(model, **changes) if changes else model
 
 
 def _check_concrete(name, value, low, high, low_open=True, high_open=False):

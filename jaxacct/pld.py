@@ -61,6 +61,7 @@ class Plan:
   values, so a plan that is too small widens the bounds (with a status bit), never falsifies them.
   """
 
+  # (Arrays: numpy float64 from make_plan, any float64 array or tracer otherwise.)
   grid_step: jax.Array        # h, the loss grid step
   log_tail: jax.Array         # per step, log of the loss mass allowed outside its grid
   log_window_tail: jax.Array  # log of the composed mass allowed outside the FFT window
@@ -385,7 +386,8 @@ def _accumulate(composition: Composition, add, plan: Plan):
         _coefficient_error(transform[:k1], count, fft_abs))
     mass_error = mass_error + count * _FFT_ULPS * F64_EPS
     base = base + k * step.start
-    cgf = cgf + count * _step_cgf(step, h)
+    # (A count of 0 adds nothing, also at tilts whose MGF is +inf on a coarse grid.)
+    cgf = cgf + jnp.where(count > 0, count * _step_cgf(step, h), 0.0)
     log_finite = log_finite + count * step.log_finite
     tail = tail + count * step.tail
     moved = moved + count * step.moved
@@ -806,6 +808,17 @@ def _plan_widths(composition: Composition, log_tail, log_window_tail):
   return tuple(np.concatenate(parts) for parts in zip(*blocks))
 
 
+def _per_setting(mech, method, args):
+  """``mech.method(*args_i)`` for each setting i (rows of ``args``), stacked: [settings, outputs,
+  ...]. A model is called one setting at a time, as in the accountant (its parameters scalars)."""
+  rows = []
+  for i, row in enumerate(zip(*args)):
+    one = jax.tree_util.tree_map(lambda a: a[i, 0], mech)
+    rows.append(np.stack([np.broadcast_to(np.asarray(v, np.float64), np.shape(row[0]))
+                          for v in getattr(one, method)(*row)]))
+  return np.stack(rows)
+
+
 def _block_widths(host: Composition, directions, log_tail, log_window_tail):
   """``_plan_widths`` for a block of settings (numpy leaves of shape [settings, 1])."""
   settings = jax.tree_util.tree_leaves(host)[0].shape[0]
@@ -813,16 +826,18 @@ def _block_widths(host: Composition, directions, log_tail, log_window_tail):
   for add in directions:
     cgf = np.zeros((settings, 2, len(_TILTS)))
     spread = total = np.zeros((settings, 1))
+    flags = np.full(settings, add)
     for mech, count in zip(host.mechanisms, host.counts):
-      lo, hi = (np.broadcast_to(v, (settings, 1)) for v in mech.loss_range(log_tail, add))
+      lo, hi = np.split(_per_setting(mech, "loss_range",
+                                     (np.full(settings, log_tail), flags)), 2, axis=1)
       lo = np.clip(lo, -LOSS_BIG / 2, LOSS_BIG / 2)
       hi = np.clip(hi, lo + 1e-12, LOSS_BIG / 2)
       widest = np.maximum(widest, (hi - lo)[:, 0])
       h = np.maximum((hi - lo) / (_PLAN_POINTS - 8), 1e-9)
       start = np.floor(lo / h) - 1.0
       t = (start + np.arange(_PLAN_POINTS)) * h
-      p_cdf, p_sf, q_cdf, q_sf = (np.broadcast_to(v, t.shape) for v in
-                                  mech.cdf_sf(np.minimum(t, np.ceil(hi / h) * h), add))
+      p_cdf, p_sf, q_cdf, q_sf = np.moveaxis(_per_setting(
+          mech, "cdf_sf", (np.minimum(t, np.ceil(hi / h) * h), flags)), 1, 0)
       p_cell, q_cell = _cell_masses(p_cdf, p_sf)[0], _cell_masses(q_cdf, q_sf)[0]
       to_lower = np.clip((np.exp(np.minimum(t[:, 1:], _MAX_SPAN)) * q_cell - p_cell)
                          / np.expm1(h), 0.0, p_cell)
@@ -860,7 +875,7 @@ def _static_sizes(per_step: int, fft: int, sd_bins: float, composed_sd_bins: flo
     m, n, low, band = sizes
     need_low, need_band = needs(n)
     return (per_step <= m <= 2 * per_step and fft <= n <= 2 * fft
-            and need_low <= low <= 4 * need_low and need_band <= band <= 4 * need_band)
+            and need_low <= low <= max(4 * need_low, 16) and need_band <= band <= 4 * need_band)
 
   reusable = [sizes for sizes in _USED_SIZES if fits(sizes)]
   if reusable:
@@ -868,8 +883,9 @@ def _static_sizes(per_step: int, fft: int, sd_bins: float, composed_sd_bins: flo
   else:
     m, n = per_step, fft
     need_low, need_band = needs(n)
-    low = min(n // 2 + 1, _ladder(_LOW_HEADROOM * need_low, minimum=1))
-    band = min(n // 2 + 1, _ladder(2 * need_band, minimum=1))
+    low = min(n // 2 + 1, 2 * need_low if need_low <= 8
+              else _ladder(_LOW_HEADROOM * need_low, minimum=8))
+    band = min(n // 2 + 1, _ladder(2 * need_band, minimum=16))
   _USED_SIZES.add((m, n, low, band))
   return m, n, low, _block(n, low), max(low, band)
 
@@ -942,9 +958,12 @@ def _band(fft: int, sd_bins: float, log_window_tail: float) -> int:
   return min(fft // 2 + 1, _ladder(k, minimum=16))
 
 
-def widen(plan: Plan) -> Plan:
-  """The same plan with a twice larger FFT window (after a WINDOW_TOO_SMALL status)."""
+def widen(plan: Plan) -> Plan | None:
+  """The same plan with a twice larger FFT window (after a WINDOW_TOO_SMALL status); None when
+  that window would span more loss than float64 serves (``_MAX_SPAN``)."""
   fft = _ladder(2 * plan.fft_size)
+  if fft * float(plan.grid_step) > _MAX_SPAN:
+    return None
   low = min(2 * plan.low_frequencies, fft // 2 + 1)
   band = min(2 * plan.band, fft // 2 + 1)
   _USED_SIZES.add((plan.per_step_size, fft, low, band))

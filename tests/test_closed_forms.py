@@ -166,15 +166,17 @@ def test_models_evaluate_alike_on_the_host_and_in_jax(model):
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class _JaxOnlyGaussian(jaxacct.PrivacyLoss):
-  """A user's model written with jax.numpy alone (the planner runs it eagerly)."""
+  """A user's model written with jax.numpy alone, one loss value at a time (vmapped over the
+  grid): the planner runs it eagerly, one setting at a time."""
 
   sigma: jax.Array
 
   def cdf_sf(self, loss, add=False):
     mu = 1.0 / self.sigma
     norm = jax.scipy.stats.norm
-    return (norm.cdf((loss - 0.5 * mu**2) / mu), norm.sf((loss - 0.5 * mu**2) / mu),
-            norm.cdf((loss + 0.5 * mu**2) / mu), norm.sf((loss + 0.5 * mu**2) / mu))
+    one = lambda l: (norm.cdf((l - 0.5 * mu**2) / mu), norm.sf((l - 0.5 * mu**2) / mu),
+                     norm.cdf((l + 0.5 * mu**2) / mu), norm.sf((l + 0.5 * mu**2) / mu))
+    return jax.vmap(one)(loss)
 
   def loss_range(self, log_tail, add=False):
     mu = 1.0 / self.sigma
@@ -189,3 +191,16 @@ def test_a_model_written_with_jax_numpy_only_is_planned_and_accounted():
   assert int(r.status) == 0
   assert float(r.lower) <= exact <= float(r.upper)
   assert abs(float(r.estimate) - exact) <= 1e-4
+  swept = jaxacct.epsilon([(_JaxOnlyGaussian(np.array([4.0, 8.0])), steps)], delta)
+  exact = gaussian_epsilon(delta, math.sqrt(steps) / 8.0)
+  assert float(swept.lower[1]) <= exact <= float(swept.upper[1])
+
+
+def test_an_entry_with_count_zero_changes_nothing():
+  # Also on a coarse grid (eps_error 1), where some tilts' MGF is +inf (0 x inf must not be NaN).
+  exact = gaussian_epsilon(1e-5, 2.0)
+  for eps_error in (0.01, 1.0):
+    r = jaxacct.epsilon([(jaxacct.Gaussian(0.5), 1), (jaxacct.Gaussian(0.5), 0)], 1e-5,
+                        eps_error=eps_error)
+    assert int(r.status) == 0
+    assert float(r.lower) <= exact <= float(r.upper)

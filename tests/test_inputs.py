@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
@@ -127,6 +128,9 @@ def test_lists_are_batches_like_arrays():
   arrays = jaxacct.dpsgd_epsilon(np.array([1.0, 2.0]), 0.01, np.array([1000, 100]), 1e-5)
   np.testing.assert_array_equal(np.asarray(listed.upper), np.asarray(arrays.upper))
   assert float(listed.lower[0]) <= DPSGD_EPS_1E5 <= float(listed.upper[0])
+  # (Only at construction: a model rebuilt by JAX keeps its leaves as they are.)
+  pairs = jax.tree_util.tree_map(lambda x: (x, 2 * x), jaxacct.Gaussian(1.0))
+  assert pairs.sigma == (1.0, 2.0)
 
 
 # ---------------------------------------------------------------------------------------------

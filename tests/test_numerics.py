@@ -229,3 +229,6 @@ def test_nearby_settings_share_one_program(monkeypatch):
   assert int(reused.status) == 0 and int(own.status) == 0
   assert float(reused.lower) <= float(own.upper) and float(own.lower) <= float(reused.upper)
   assert abs(float(reused.estimate) - float(own.estimate)) <= 1e-6
+  # Also where the low band needs only a few coefficients (few steps).
+  few = [jaxacct.dpsgd_plan(s, 1.0, 4, 1e-5) for s in sigmas]
+  assert len({(p.per_step_size, p.fft_size, p.low_frequencies, p.band) for p in few}) == 1
