@@ -27,7 +27,8 @@ The reference. ``jaxacct.dpsgd_epsilon(sigma, q, T, delta, eps_error=1e-3)`` (ce
 [lower, upper], half-width ~1e-3), each in its own child process: when it runs longer than
 ``--timeout`` seconds (60) or fails (e.g. its plan is refused as too large), it is retried
 with eps_error = 1e-2 (``--timeout-coarse``, 180 s); a setting where that also fails is recorded
-as dropped, with the reasons in ``attempts``. ``eps_error`` and ``seconds`` (cold: includes planning and compilation) are stored.
+as dropped, with the reasons in ``attempts``. ``eps_error`` and ``seconds`` (cold: includes
+planning and compilation) are stored.
 
 Cross-check. Where T <= 2e4, dp-accounting's PLD accountant (value_discretization_interval 1e-4,
 PoissonSampledDpEvent(q, GaussianDpEvent(sigma)) self-composed T times, ADD_OR_REMOVE_ONE)

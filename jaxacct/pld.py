@@ -505,7 +505,8 @@ def compose(composition: Composition, plan: Plan) -> PrivacyLossDistribution:
   return PrivacyLossDistribution(plan=plan, **acc, **jax.vmap(_materialise, (0, None))(acc, plan))
 
 
-_RUNNING_SUMS = ("low_log", "low_error", "phase", "spectrum_error", "high_log", "mass_error", "base",
+_RUNNING_SUMS = ("low_log", "low_error", "phase", "spectrum_error", "high_log", "mass_error",
+                 "base",
                  "cgf", "log_finite", "tail", "moved", "bias", "total_count")
 
 

@@ -92,7 +92,8 @@ def test_approximate_dp_infinite_mass():
   # (1, 1e-6)-DP x 100: delta(eps) >= 1 - (1 - 1e-6)^100 for every eps; epsilon(delta) = inf below.
   comp = [(jaxacct.EpsilonDelta(1.0, 1e-6), 100)]
   floor = -math.expm1(100 * math.log1p(-1e-6))
-  assert float(jaxacct.delta(comp, 101.0).estimate) == pytest.approx(floor, rel=1e-9)  # > max finite loss
+  # (eps above the largest finite loss)
+  assert float(jaxacct.delta(comp, 101.0).estimate) == pytest.approx(floor, rel=1e-9)
   r = jaxacct.epsilon(comp, 0.5 * floor)
   assert math.isinf(float(r.estimate)) and math.isinf(float(r.upper))
 

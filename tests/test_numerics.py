@@ -46,7 +46,8 @@ def test_fft_error_bound_holds(entries, delta):
     ours = np.asarray(composed.pmf[direction], dtype=np.longdouble)
     error = float(np.sum(np.abs(ours - exact)))
     total_mass = float(np.sum(exact))
-    bound = float(composed.fft_error[direction]) + float(composed.mass_error[direction]) * total_mass
+    bound = (float(composed.fft_error[direction])
+             + float(composed.mass_error[direction]) * total_mass)
     assert error <= bound, (direction, error, bound)
 
 

@@ -163,8 +163,9 @@ def test_sp_clt_is_exact_at_any_tilt():
                                               (5.0, 1.0, 9.260347e-01, 9.488801e-01)])
 def test_msd_estimates_match_digest(mu, eps, msd0, msd1):
   comp = Composition.of((models.Gaussian(1.0 / mu), 1))
-  assert float(jaxacct.delta(comp, eps, accountant="spa", method="msd0").estimate) == pytest.approx(msd0, rel=1e-6)
-  assert float(jaxacct.delta(comp, eps, accountant="spa", method="msd1").estimate) == pytest.approx(msd1, rel=1e-6)
+  for method, expected in (("msd0", msd0), ("msd1", msd1)):
+    value = float(jaxacct.delta(comp, eps, accountant="spa", method=method).estimate)
+    assert value == pytest.approx(expected, rel=1e-6)
 
 
 # seed_004.md section 8.1: q = 0.01, sigma = 2, delta = 1e-15: (n, truth, SP-CLT, bracket).

@@ -83,7 +83,8 @@ def test_grad_of_gaussian_matches_closed_form():
   g = jax.grad(lambda s: jaxacct.epsilon(comp(s), delta, plan=plan).estimate)(sigma)
   mu = math.sqrt(steps) / sigma
   eps = gaussian_epsilon(delta, mu)
-  deps_dmu = stats.norm.pdf(mu / 2 - eps / mu) / (math.exp(eps) * stats.norm.cdf(-eps / mu - mu / 2))
+  deps_dmu = (stats.norm.pdf(mu / 2 - eps / mu)
+              / (math.exp(eps) * stats.norm.cdf(-eps / mu - mu / 2)))
   assert abs(float(g) - (-(mu / sigma) * deps_dmu)) < 1e-3 * abs(deps_dmu * mu / sigma)
 
 
