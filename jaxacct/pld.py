@@ -164,6 +164,32 @@ def _cell_masses(cdf, sf):
   return xp.maximum(mass, 0.0), scale
 
 
+def _split(cdf_sf, t, h, guard_ulps):
+  """Connect-the-dots split of the cells (t_i, t_{i+1}] of grids t [..., M] (the accountant's
+  step, or a batch of the planner's coarse grids).
+
+  Each cell's P-mass goes to its ends so that E[e^{-D}] = E[e^{-L}], the lower end's share reduced
+  by a round-off guard of ``guard_ulps`` ulps of the differenced CDF values (mass only moves up);
+  the mass below the grid joins point 0. Returns the pmf on the M points and, per cell, the P-mass,
+  the mass sent to the lower end and the guard.
+  """
+  p_cdf, p_sf, q_cdf, q_sf = cdf_sf
+  xp = array_namespace(p_cdf, t, h)
+  p_cell, p_scale = _cell_masses(p_cdf, p_sf)
+  q_cell, q_scale = _cell_masses(q_cdf, q_sf)
+  exp_b = xp.exp(xp.minimum(t[..., 1:], _MAX_SPAN))
+  denom = xp.expm1(h)
+  # Mass sent to the lower end a: E_P[(e^{-L} - e^{-b}) / (e^{-a} - e^{-b})] over the cell.
+  to_lower = (exp_b * q_cell - p_cell) / denom
+  guard = guard_ulps * F64_EPS * (exp_b * q_scale + p_scale) / denom
+  to_lower = xp.clip(to_lower - guard, 0.0, p_cell)
+  # Lower ends receive to_lower, upper ends the rest of the cell.
+  zero = xp.zeros(p_cell.shape[:-1] + (1,))
+  pmf = (xp.concatenate([to_lower, zero], axis=-1)
+         + xp.concatenate([p_cdf[..., :1], p_cell - to_lower], axis=-1))
+  return pmf, p_cell, to_lower, guard
+
+
 def _discretise(model, add, plan: Plan) -> _Step:
   """Dominating connect-the-dots masses of one step on M grid points."""
   h = jax.lax.stop_gradient(plan.grid_step)
@@ -175,19 +201,10 @@ def _discretise(model, add, plan: Plan) -> _Step:
   # The grid ends at the range's top (not wherever the static size reaches), so the planning
   # pass and this one agree on the support; the mass above goes to +inf like any truncated tail.
   top = jax.lax.stop_gradient(jnp.ceil(jnp.clip(hi, -LOSS_BIG / 2, LOSS_BIG / 2) / h) * h)
-  p_cdf, p_sf, q_cdf, q_sf = model.cdf_sf(jnp.minimum(t, top), add)
-  p_cell, p_scale = _cell_masses(p_cdf, p_sf)
-  q_cell, q_scale = _cell_masses(q_cdf, q_sf)
-  exp_b = jnp.exp(jnp.minimum(t[1:], _MAX_SPAN))
+  cdf_sf = model.cdf_sf(jnp.minimum(t, top), add)
+  p_cdf, p_sf = cdf_sf[:2]
+  pmf, p_cell, to_lower_safe, guard = _split(cdf_sf, t, h, _CDF_ULPS)
   denom = jnp.expm1(h)
-  # Mass sent to the lower end a: E_P[(e^{-L} - e^{-b}) / (e^{-a} - e^{-b})] over the cell.
-  to_lower = (exp_b * q_cell - p_cell) / denom
-  guard = _CDF_ULPS * F64_EPS * (exp_b * q_scale + p_scale) / denom
-  to_lower_safe = jnp.clip(to_lower - guard, 0.0, p_cell)
-  to_upper = p_cell - to_lower_safe
-  # Lower ends receive to_lower_safe, upper ends to_upper; mass below the grid joins point 0.
-  pmf = (jnp.concatenate([to_lower_safe, jnp.zeros(1)])
-         + jnp.concatenate([p_cdf[:1], to_upper]))
   p_inf = model.inf_mass(add)
   # Finite mass above the grid is sent to +inf (pessimistic).
   log_finite = jnp.log1p(-jnp.minimum(p_sf[-1], 1.0))
@@ -795,10 +812,10 @@ def _plan_widths(composition: Composition, log_tail, log_window_tail):
   window and the count-weighted mean variance of a step's loss. On the host (numpy: nothing is
   compiled; a model written with jax.numpy alone runs eagerly here), in blocks of settings.
 
-  Each step is split as in ``_discretise`` (without its round-off guard) on a coarse grid of
-  ``_PLAN_POINTS`` points spanning its range; the window comes from the same Chernoff rule as in
-  ``_materialise``. (These only size the plan: the accountant checks its own window and widens
-  the plan if the composed loss outgrows it.)
+  Each step is split as in ``_discretise`` (``_split``, without its round-off guard) on a coarse
+  grid of ``_PLAN_POINTS`` points spanning its range; the window comes from the same Chernoff
+  rule as in ``_materialise``. (These only size the plan: the accountant checks its own window
+  and widens the plan if the composed loss outgrows it.)
   """
   host = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), composition)
   shape = np.broadcast_shapes(*[a.shape for a in jax.tree_util.tree_leaves(host)])
@@ -837,14 +854,9 @@ def _block_widths(host: Composition, directions, log_tail, log_window_tail):
       h = np.maximum((hi - lo) / (_PLAN_POINTS - 8), 1e-9)
       start = np.floor(lo / h) - 1.0
       t = (start + np.arange(_PLAN_POINTS)) * h
-      p_cdf, p_sf, q_cdf, q_sf = np.moveaxis(_per_setting(
+      cdf_sf = np.moveaxis(_per_setting(
           mech, "cdf_sf", (np.minimum(t, np.ceil(hi / h) * h), flags)), 1, 0)
-      p_cell, q_cell = _cell_masses(p_cdf, p_sf)[0], _cell_masses(q_cdf, q_sf)[0]
-      to_lower = np.clip((np.exp(np.minimum(t[:, 1:], _MAX_SPAN)) * q_cell - p_cell)
-                         / np.expm1(h), 0.0, p_cell)
-      pmf = np.concatenate([to_lower, np.zeros((settings, 1))], axis=1)
-      pmf[:, 1:] += p_cell - to_lower
-      pmf[:, 0] += p_cdf[:, 0]  # mass below the grid
+      pmf = _split(cdf_sf, t, h, guard_ulps=0.0)[0]
       step_cgf = _grid_cgf(pmf, start[:, 0], h[:, 0])
       cgf = cgf + np.where(count[:, :, None] > 0, count[:, :, None] * step_cgf, 0.0)
       weights = pmf / np.sum(pmf, axis=1, keepdims=True)
