@@ -2,8 +2,6 @@
 
 * ``float64``: a decorator that runs a public function under a scoped ``jax.enable_x64`` so that
   accounting is float64 without touching the process-wide flag.
-* ``implicit_root``: the one root finder with implicit gradients (bracketed, safeguarded Newton
-  wrapped in ``jax.lax.custom_root``).
 * small stable special functions used by the models and the PLD accountant.
 """
 
@@ -172,92 +170,6 @@ def hockey_primitive(d):
   d = jnp.maximum(d, 0.0)
   series = d * d * 0.5 * (1.0 - d / 3.0 * (1.0 - d / 4.0 * (1.0 - d / 5.0 * (1.0 - d / 6.0))))
   return jnp.where(d < 1e-3, series, d + jnp.expm1(-d))
-
-
-def newton_in_bracket(value_and_slope, lo, hi, x0, iters=8, tol=0.0):
-  """Root of a decreasing scalar function on [lo, hi] (f(lo) >= 0 >= f(hi)), safeguarded Newton.
-
-  ``value_and_slope(x)`` returns (f(x), f'(x)). Each step takes the Newton step when it stays
-  inside the current bracket and is at most half the step before last (as in rtsafe, so the
-  bracket at least halves every two steps even where Newton crawls), and bisects otherwise; the
-  bracket follows the sign of f. Without a sign change the iterates collapse onto the nearer end.
-  At most ``iters`` steps (static shapes); it stops early once a step (Newton or bisection) moves
-  x by at most ``tol`` (under vmap: once every entry has). Returns (x, lo, hi, converged, the
-  slope last evaluated).
-  """
-
-  def step(carry):
-    i, x, a, b, last, before_last, _, _ = carry
-    fx, dfx = value_and_slope(x)
-    a = jnp.where(fx >= 0.0, x, a)
-    b = jnp.where(fx <= 0.0, x, b)
-    newton = x - fx / jnp.where(dfx < 0.0, dfx, -1.0)
-    # A converged step lands on (or a rounding error beyond) the bracket end it just moved: it
-    # is kept, clamped, rather than replaced by a bisection that would undo the convergence.
-    slack = 1e-3 * (b - a) + 4.0 * jnp.finfo(x.dtype).eps * jnp.abs(x)
-    inside = ((dfx < 0.0) & (newton >= a - slack) & (newton <= b + slack)
-              & (jnp.abs(newton - x) <= 0.5 * before_last))
-    x_next = jnp.where(inside, jnp.clip(newton, a, b), 0.5 * (a + b))
-    taken = jnp.where(inside, jnp.abs(newton - x), 0.5 * (b - a))
-    done = (taken <= tol) | (fx == 0.0)
-    return i + 1, x_next, a, b, taken, last, done, dfx
-
-  lo, hi = jnp.asarray(lo), jnp.asarray(hi)
-  width = hi - lo
-  start = (0, jnp.asarray(x0), lo, hi, width, width, jnp.zeros(jnp.shape(x0), bool),
-           jnp.full(jnp.shape(x0), -1.0))
-  _, x, a, b, _, _, done, slope = jax.lax.while_loop(
-      lambda c: (c[0] < iters) & ~jnp.all(c[6]), step, start)
-  return x, a, b, done, slope
-
-
-def implicit_root(fn, solve, initial_guess, has_aux=False):
-  """Scalar root of ``fn`` found by ``solve(fn, guess)``, differentiated implicitly.
-
-  Gradients with respect to anything ``fn`` closes over follow the implicit-function theorem
-  d x / d theta = -(d fn / d theta) / (d fn / d x), never the solver's iterations. With
-  ``has_aux`` the solver returns (root, aux) and so does this (aux without gradients).
-  """
-  return jax.lax.custom_root(fn, initial_guess, solve, lambda g, y: y / g(1.0), has_aux=has_aux)
-
-
-def bracketed_root(residual, lo, hi, iters, which=0, tol=0.0, start=None, coarse=None,
-                   polish=1):
-  """Root of a decreasing scalar ``residual`` in [lo, hi] (safeguarded Newton from ``start``,
-  default the midpoint, at most ``iters`` steps, stopping at steps below ``tol``), differentiated
-  implicitly.
-
-  ``coarse``: a cheaper approximation of ``residual`` (e.g. a smaller quadrature) that the
-  bracketed search runs on; ``polish`` Newton steps then remove its error, each reading the value
-  of ``residual`` itself and the slope the search last read from ``coarse`` (a slope off by a
-  relative r leaves r times the error: a coarse root within 1e-6 of the exact one, with a slope
-  within 1e-6, is within ~1e-12 after one step).
-
-  ``which`` picks what is returned: 0 the Newton point; +1 the bracket end where residual <= 0,
-  -1 the end where residual >= 0 (a point whose sign was evaluated: the safe ends for upper and
-  lower bounds), or the Newton point where it converged (callers then check its sign). May be
-  traced.
-
-  Returns (root, the slope the search last read; no gradient).
-  """
-
-  # Forward mode: one tangent for a scalar function is cheaper than a reverse pass.
-  slope_of = lambda fn: (lambda x: jax.jvp(fn, (x,), (jnp.ones_like(x),)))
-
-  def solve(_, __):
-    x0 = 0.5 * (lo + hi) if start is None else start
-    search = residual if coarse is None else coarse
-    x, a, b, converged, slope = newton_in_bracket(slope_of(search), lo, hi, x0, iters, tol)
-    def polish_step(_, x):
-      step = jnp.clip(x - residual(x) / jnp.where(slope < 0.0, slope, -1.0), lo, hi)
-      return jnp.where(converged & (slope < 0.0), step, x)
-
-    if coarse is not None:  # a loop, not unrolled: one copy of the residual to compile
-      x = jax.lax.fori_loop(0, polish, polish_step, x)
-    end = jnp.where(which > 0, b, jnp.where(which < 0, a, x))
-    return jnp.where(converged, x, end), slope
-
-  return implicit_root(residual, solve, jnp.zeros(()), has_aux=True)
 
 
 def check_range(name, value, low, high, low_open=True, high_open=True):

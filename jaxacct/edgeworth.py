@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from jax.scipy.special import erf, erfc, log_ndtr
 
 from jaxacct import results
-from jaxacct._numerics import bracketed_root
+from jaxacct._solver import root_in_bracket
 from jaxacct.cgf import law_moments, worst_direction
 from jaxacct.composition import Composition
 from jaxacct.results import Bounds
@@ -309,7 +309,7 @@ def _epsilon_direction(composition, delta, method, add):
   above = values[0] > delta
   i = jnp.max(jnp.where(above, index, -1))
   cell = jnp.clip(i, 0, last - 1)
-  estimate, _ = bracketed_root(residual(0), grid[cell], grid[cell + 1], _ITERS)
+  estimate, _ = root_in_bracket(residual(0), grid[cell], grid[cell + 1], _ITERS)
   estimate = jnp.where(i < 0, 0.0, jnp.where(i == last, jnp.inf, estimate))
   crossings = jnp.sum(above[1:] != above[:-1])
 
@@ -317,7 +317,7 @@ def _epsilon_direction(composition, delta, method, add):
   below = values[1] <= delta
   j = jnp.argmax(below)
   cell = jnp.clip(j - 1, 0, last - 1)
-  upper, _ = bracketed_root(residual(1), grid[cell], grid[cell + 1], _ITERS, which=1)
+  upper, _ = root_in_bracket(residual(1), grid[cell], grid[cell + 1], _ITERS, which=1)
   upper = jnp.where(j == 0, 0.0, upper)
   upper = jnp.where(jnp.any(below), upper, jnp.inf)
 
@@ -325,7 +325,7 @@ def _epsilon_direction(composition, delta, method, add):
   over = values[2] > delta
   k = jnp.max(jnp.where(over, index, -1))
   cell = jnp.clip(k, 0, last - 1)
-  lower, _ = bracketed_root(residual(2), grid[cell], grid[cell + 1], _ITERS, which=-1)
+  lower, _ = root_in_bracket(residual(2), grid[cell], grid[cell + 1], _ITERS, which=-1)
   lower = jnp.where(k == last, grid[last], lower)
   lower = jnp.where(k < 0, jnp.nan, lower)
 

@@ -36,8 +36,8 @@ import numpy as np
 from jax.scipy.special import erf, erfc, ndtr
 
 from jaxacct import results
-from jaxacct._numerics import (F64_EPS, exp_upper, fast_jit, float64, implicit_root,
-                               newton_in_bracket, scoped_gradients)
+from jaxacct._numerics import F64_EPS, exp_upper, fast_jit, float64, scoped_gradients
+from jaxacct._solver import implicit_root, newton_in_bracket
 from jaxacct.composition import Composition, as_composition
 from jaxacct.models import Gaussian, PoissonSampled, _check_concrete
 from jaxacct.results import APPROXIMATION, Bounds

@@ -40,6 +40,7 @@ import numpy as np
 
 from jaxacct._numerics import (LOSS_BIG, array_namespace, as_leaf, composite_nodes, erfc,
                                sigmoid, standard_normal_nodes)
+from jaxacct._solver import bisect
 
 # Quadratures reach this many standard deviations beyond every bulk or tilted peak (the
 # standard-normal mass beyond is below 1e-57 relative).
@@ -186,14 +187,7 @@ def _add_mode(mu, t, rate, steps=30):
   logit = jnp.log(rate) - _log1m_rate(rate)
   side = lambda u: u + mu * (1.0 + t * jax.nn.sigmoid(mu * u + 0.5 * mu * mu + logit))
 
-  def halve(_, ends):
-    lo, hi = ends
-    mid = 0.5 * (lo + hi)
-    right = side(mid) >= 0.0
-    return jnp.where(right, lo, mid), jnp.where(right, mid, hi)
-
-  lo, hi = jax.lax.fori_loop(0, steps, halve, (-(1.0 + t) * mu, -mu))
-  return lo
+  return bisect(side, -(1.0 + t) * mu, -mu, steps)[0]
 
 
 @_model

@@ -36,8 +36,8 @@ import numpy as np
 
 from jaxacct import results
 from jaxacct._numerics import (F64_EPS, LOSS_BIG, array_namespace, fast_jit, float64,
-                               hockey_primitive, implicit_root, newton_in_bracket,
-                               scoped_gradients)
+                               hockey_primitive, scoped_gradients)
+from jaxacct._solver import implicit_root, newton_in_bracket
 from jaxacct.composition import Composition
 from jaxacct.results import Bounds
 

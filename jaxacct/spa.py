@@ -13,7 +13,7 @@ For a target eps, the saddle point t0 > 0 solves K'(t) = eps + 1/t + 1/(1+t). At
 
 eps(delta) follows the saddle curve: eps(t) = K'(t) - 1/t - 1/(1+t) is increasing in t, so each
 quantity is a root in log t: a coarse scan finds its grid cell, safeguarded Newton refines it
-(``bracketed_root``: gradients are implicit). A certified end is a point moved a little to its
+(``root_in_bracket``: gradients are implicit). A certified end is a point moved a little to its
 safe side whose sign is then checked on the same nodes (else no bound). Both adjacency
 directions are computed for an asymmetric composition and the worse is reported.
 """
@@ -28,7 +28,8 @@ import numpy as np
 from jax.scipy.special import log_ndtr
 
 from jaxacct import results
-from jaxacct._numerics import bracketed_root, exp_upper
+from jaxacct._numerics import exp_upper
+from jaxacct._solver import root_in_bracket
 from jaxacct.cgf import cumulants, tilt_nodes, worst_direction
 from jaxacct.composition import Composition
 from jaxacct.results import Bounds
@@ -45,7 +46,7 @@ _LOG_T_GRID = np.linspace(math.log(1e-8), math.log(1e3), 33)
 _NEWTON_STEPS = 24
 _NEWTON_TOL = 1e-6
 # The search runs on a quarter-size rule over the bracket; one Newton step then polishes the root
-# with the full rule's value and the search's last slope (see ``bracketed_root``; a second step
+# with the full rule's value and the search's last slope (see ``root_in_bracket``; a second step
 # changed no sweep result by > 1e-7).
 _NEWTON_PANELS = 32
 # The scan reads K from a coarse rule (_SCAN_PANELS x 16 nodes): it only has to find the grid
@@ -164,7 +165,7 @@ def _decreasing_root(make_residual, grid_values, which, composition, add):
   start = jnp.clip(grid[i] + fraction * (grid[i + 1] - grid[i]), lo, hi)
   nodes = tilt_nodes(composition, jnp.exp(lo), jnp.exp(hi), add)
   coarse = tilt_nodes(composition, jnp.exp(lo), jnp.exp(hi), add, panels=_NEWTON_PANELS)
-  x, slope = bracketed_root(make_residual(nodes), lo, hi, _NEWTON_STEPS, which, _NEWTON_TOL,
+  x, slope = root_in_bracket(make_residual(nodes), lo, hi, _NEWTON_STEPS, which, _NEWTON_TOL,
                             jax.lax.stop_gradient(start), coarse=make_residual(coarse))
   return x, slope, below, beyond, nodes
 

@@ -1,5 +1,5 @@
 """Numerical building blocks: the certified FFT error bound against a long-double composition of
-the same steps, and the one root finder (safeguarded Newton with implicit gradients)."""
+the same steps, batching, tail sums and the low band of the spectrum."""
 
 import jax
 import jax.numpy as jnp
@@ -8,7 +8,7 @@ import pytest
 
 import jaxacct
 from jaxacct import pld
-from jaxacct._numerics import bracketed_root, newton_in_bracket, vectorised
+from jaxacct._numerics import vectorised
 
 CASES = [  # composition, smallest delta
     ([(jaxacct.Gaussian(50.0), 100_000)], 1e-7),
@@ -49,38 +49,6 @@ def test_fft_error_bound_holds(entries, delta):
     bound = (float(composed.fft_error[direction])
              + float(composed.mass_error[direction]) * total_mass)
     assert error <= bound, (direction, error, bound)
-
-
-def test_root_finder_converges_early_and_differentiates_implicitly():
-  with jax.enable_x64(True):
-    f = lambda x: jnp.exp(-x) - 0.3  # decreasing, root log(1/0.3)
-    slope = lambda x: (f(x), -jnp.exp(-x))
-    x, lo, hi, done, last_slope = newton_in_bracket(slope, -5.0, 5.0, 0.0, iters=50, tol=1e-12)
-    assert bool(done) and float(x) == pytest.approx(np.log(1 / 0.3), abs=1e-12)
-    assert float(lo) <= float(x) <= float(hi)
-    assert float(last_slope) == pytest.approx(-0.3, rel=1e-9)  # read at the last step's start
-    # A bracket without a sign change (f > 0 throughout) collapses onto its right end.
-    x, *_ = newton_in_bracket(slope, -5.0, 1.0, -2.0, iters=60, tol=1e-12)
-    assert float(x) == pytest.approx(1.0, abs=1e-9)
-    # Implicit gradient: x(theta) = theta^(1/3) solves theta - x^3 = 0.
-    root = lambda theta: bracketed_root(lambda x: theta - x ** 3, 0.0, 4.0, 60, tol=1e-14)[0]
-    theta = 2.7
-    assert float(root(theta)) == pytest.approx(theta ** (1 / 3), rel=1e-12)
-    # The slope the search last read (at a point within 1e-14 of the root): -3 x^2.
-    slope_near_root = bracketed_root(lambda x: theta - x ** 3, 0.0, 4.0, 60, tol=1e-14)[1]
-    assert float(slope_near_root) == pytest.approx(-3.0 * theta ** (2 / 3), rel=1e-9)
-    assert float(jax.grad(root)(theta)) == pytest.approx(theta ** (-2 / 3) / 3, rel=1e-10)
-    # A search on a coarse approximation (root off by ~3e-8), then one polish step that reads
-    # the exact value and the coarse slope: the exact root, and the exact implicit gradient.
-    polished = lambda theta: bracketed_root(
-        lambda x: theta - x ** 3, 0.0, 4.0, 60, tol=1e-6,
-        coarse=lambda x: theta * (1.0 + 1e-7) - x ** 3 * (1.0 + 1e-8))[0]
-    assert float(polished(theta)) == pytest.approx(theta ** (1 / 3), rel=1e-13)
-    assert float(jax.grad(polished)(theta)) == pytest.approx(theta ** (-2 / 3) / 3, rel=1e-10)
-    # The bracket ends are returned for bounds when Newton has not converged (here: no steps).
-    residual = lambda x: 1.0 - x
-    assert float(bracketed_root(residual, 0.0, 3.0, 1, which=1, tol=1e-14)[0]) == 1.5
-    assert float(bracketed_root(residual, 0.0, 3.0, 1, which=-1, tol=1e-14)[0]) == 0.0
 
 
 def test_vectorised_batches_in_padded_blocks():

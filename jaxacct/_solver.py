@@ -1,0 +1,194 @@
+"""The one solver module: every root an accountant (or calibration) finds is found here.
+
+* ``newton_in_bracket``: safeguarded Newton on a sign bracket (rtsafe-style), elementwise over
+  arrays, a static iteration budget.
+* ``bisect``: plain bisection of an increasing function (placing quadrature nodes; no gradient).
+* ``expand_bracket``: from an initial guess, step outwards geometrically until the sign changes
+  (calibration: the unknown's range is not known in advance); says when no bracket was found.
+* ``implicit_root``: differentiates a root by the implicit-function theorem
+  (``jax.lax.custom_root``), with a tangent solve for scalar, elementwise or vector roots.
+* ``root_in_bracket``: ``newton_in_bracket`` plus ``implicit_root``, with the options the
+  accountants need (the safe end of the final bracket for bounds, a coarse search polished on
+  the exact residual).
+
+Residuals are *decreasing* in the unknown (f(lo) >= 0 >= f(hi)); negate an increasing one.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def newton_in_bracket(value_and_slope, lo, hi, x0, iters=8, tol=0.0):
+  """Root of a decreasing function on [lo, hi] (f(lo) >= 0 >= f(hi)), safeguarded Newton.
+
+  ``value_and_slope(x)`` returns (f(x), f'(x)); all of x, lo, hi may be arrays of one shape, each
+  entry its own independent root. Each step takes the Newton step when it stays inside the
+  current bracket and is at most half the step before last (as in rtsafe, so the bracket at
+  least halves every two steps even where Newton crawls), and bisects otherwise; the bracket
+  follows the sign of f. Without a sign change the iterates collapse onto the nearer end. At most
+  ``iters`` steps (static shapes); it stops early once a step (Newton or bisection) moves x by at
+  most ``tol`` (for arrays: once every entry has). Returns (x, lo, hi, converged, the slope last
+  evaluated).
+  """
+
+  def step(carry):
+    i, x, a, b, last, before_last, _, _ = carry
+    fx, dfx = value_and_slope(x)
+    a = jnp.where(fx >= 0.0, x, a)
+    b = jnp.where(fx <= 0.0, x, b)
+    newton = x - fx / jnp.where(dfx < 0.0, dfx, -1.0)
+    # A converged step lands on (or a rounding error beyond) the bracket end it just moved: it
+    # is kept, clamped, rather than replaced by a bisection that would undo the convergence.
+    slack = 1e-3 * (b - a) + 4.0 * jnp.finfo(x.dtype).eps * jnp.abs(x)
+    inside = ((dfx < 0.0) & (newton >= a - slack) & (newton <= b + slack)
+              & (jnp.abs(newton - x) <= 0.5 * before_last))
+    x_next = jnp.where(inside, jnp.clip(newton, a, b), 0.5 * (a + b))
+    taken = jnp.where(inside, jnp.abs(newton - x), 0.5 * (b - a))
+    done = (taken <= tol) | (fx == 0.0)
+    return i + 1, x_next, a, b, taken, last, done, dfx
+
+  lo, hi, x0 = jnp.broadcast_arrays(jnp.asarray(lo), jnp.asarray(hi), jnp.asarray(x0))
+  width = hi - lo
+  start = (0, x0, lo, hi, width, width, jnp.zeros(x0.shape, bool), jnp.full(x0.shape, -1.0))
+  _, x, a, b, _, _, done, slope = jax.lax.while_loop(
+      lambda c: (c[0] < iters) & ~jnp.all(c[6]), step, start)
+  return x, a, b, done, slope
+
+
+def bisect(increasing, lo, hi, steps=30):
+  """(lo, hi) after ``steps`` halvings of a bracket of an increasing function (elementwise):
+  ``increasing(lo) <= 0 <= increasing(hi)`` is kept. No gradient flows (it places nodes)."""
+  lo, hi = jax.lax.stop_gradient(lo), jax.lax.stop_gradient(hi)
+
+  def halve(_, ends):
+    a, b = ends
+    mid = 0.5 * (a + b)
+    right = increasing(mid) >= 0.0
+    return jnp.where(right, a, mid), jnp.where(right, mid, b)
+
+  return jax.lax.fori_loop(0, steps, halve, (lo, hi))
+
+
+def expand_bracket(decreasing, x0, *, factor=2.0, lower=0.0, upper=jnp.inf, steps=60,
+                   scale="log"):
+  """A sign bracket of a decreasing scalar function around the guess ``x0``.
+
+  Steps outwards from x0 (multiplying or dividing by ``factor`` for ``scale="log"``, positive
+  unknowns; adding or subtracting ``factor`` times a doubling step for ``scale="linear"``),
+  towards the root's side, never beyond [``lower``, ``upper``] (the domain), until the function
+  changes sign, at most ``steps`` times. Returns (lo, hi, found): f(lo) >= 0 >= f(hi) when
+  ``found``; otherwise the domain end that was reached (the caller raises, or reports nan under
+  tracing). Traceable: a while loop with a static step budget.
+  """
+  x0 = jnp.asarray(x0)
+  f0 = decreasing(x0)
+  right = f0 > 0.0  # the root lies above x0
+
+  def moved(x, k):
+    if scale == "log":
+      out = jnp.where(right, x * factor, x / factor)
+    else:
+      out = jnp.where(right, x + factor * 2.0 ** k, x - factor * 2.0 ** k)
+    return jnp.clip(out, lower, upper)
+
+  def cond(carry):
+    k, _, _, f_far, stuck = carry
+    return (k < steps) & (jnp.where(right, f_far > 0.0, f_far < 0.0)) & ~stuck
+
+  def body(carry):
+    k, _, far, _, _ = carry
+    new = moved(far, k)
+    return k + 1, far, new, decreasing(new), new == far
+
+  k, near, far, f_far, _ = jax.lax.while_loop(
+      cond, body, (jnp.zeros((), jnp.int32), x0, x0, f0, jnp.zeros((), bool)))
+  found = jnp.where(right, f_far <= 0.0, f_far >= 0.0) | (f0 == 0.0)
+  lo = jnp.where(right, near, far)
+  hi = jnp.where(right, far, near)
+  return lo, hi, found
+
+
+def _tangent_solve(structure):
+  """The linear solve of the implicit-function theorem: given g = d residual / d x (a linear map)
+  and y, x with g(x) = y. "elementwise": independent scalar roots stacked in an array (g is
+  diagonal: one evaluation gives it); "dense": a vector root (a joint solve of several
+  unknowns: g's Jacobian by forward mode, then a dense solve)."""
+  if structure == "elementwise":
+    return lambda g, y: y / g(jnp.ones_like(y))
+
+  def dense(g, y):
+    flat = jnp.ravel(y)
+    jacobian = jax.jacfwd(lambda v: jnp.ravel(g(v.reshape(jnp.shape(y)))))(flat)
+    return jnp.linalg.solve(jacobian, flat).reshape(jnp.shape(y))
+
+  return dense
+
+
+def implicit_root(residual, solve, guess, has_aux=False, structure="elementwise"):
+  """The root of ``residual`` found by ``solve(residual, guess)``, differentiated implicitly.
+
+  Gradients with respect to anything ``residual`` closes over follow the implicit-function
+  theorem d x / d theta = -(d f / d x)^{-1} d f / d theta, never the solver's iterations (so
+  second derivatives are right too). ``structure``: "elementwise" for a scalar root or an array of
+  independent ones, "dense" for a vector root of a joint system. With ``has_aux`` the solver
+  returns (root, aux) and so does this (aux without gradients).
+  """
+  return jax.lax.custom_root(residual, guess, solve, _tangent_solve(structure), has_aux=has_aux)
+
+
+def root_in_bracket(residual, lo, hi, iters, which=0, tol=0.0, start=None, coarse=None,
+                    polish=1):
+  """Root of a decreasing scalar ``residual`` in [lo, hi] (safeguarded Newton from ``start``,
+  default the midpoint, at most ``iters`` steps, stopping at steps below ``tol``), differentiated
+  implicitly.
+
+  ``coarse``: a cheaper approximation of ``residual`` (e.g. a smaller quadrature) that the
+  bracketed search runs on; ``polish`` Newton steps then remove its error, each reading the value
+  of ``residual`` itself and the slope the search last read from ``coarse`` (a slope off by a
+  relative r leaves r times the error: a coarse root within 1e-6 of the exact one, with a slope
+  within 1e-6, is within ~1e-12 after one step).
+
+  ``which`` picks what is returned: 0 the Newton point; +1 the bracket end where residual <= 0,
+  -1 the end where residual >= 0 (a point whose sign was evaluated: the safe ends for upper and
+  lower bounds), or the Newton point where it converged (callers then check its sign). May be
+  traced.
+
+  Returns (root, the slope the search last read; no gradient).
+  """
+
+  # Forward mode: one tangent for a scalar function is cheaper than a reverse pass.
+  slope_of = lambda fn: (lambda x: jax.jvp(fn, (x,), (jnp.ones_like(x),)))
+
+  def solve(_, __):
+    x0 = 0.5 * (lo + hi) if start is None else start
+    search = residual if coarse is None else coarse
+    x, a, b, converged, slope = newton_in_bracket(slope_of(search), lo, hi, x0, iters, tol)
+
+    def polish_step(_, x):
+      step = jnp.clip(x - residual(x) / jnp.where(slope < 0.0, slope, -1.0), lo, hi)
+      return jnp.where(converged & (slope < 0.0), step, x)
+
+    if coarse is not None:  # a loop, not unrolled: one copy of the residual to compile
+      x = jax.lax.fori_loop(0, polish, polish_step, x)
+    end = jnp.where(which > 0, b, jnp.where(which < 0, a, x))
+    return jnp.where(converged, x, end), slope
+
+  return implicit_root(residual, solve, jnp.zeros(()), has_aux=True)
+
+
+def root(residual, x0, *, lower=0.0, upper=jnp.inf, factor=2.0, scale="log", iters=60, tol=0.0,
+         name="the unknown"):
+  """Root of a decreasing scalar ``residual`` without a known bracket: ``expand_bracket`` from the
+  guess ``x0`` within the domain [``lower``, ``upper``], then ``root_in_bracket`` (implicit
+  gradients). With concrete values, a missing bracket raises ``ValueError`` naming ``name``;
+  under tracing the root is nan. Returns (root, found)."""
+  lo, hi, found = expand_bracket(residual, x0, factor=factor,
+                                 lower=lower, upper=upper, scale=scale)
+  lo, hi = jax.lax.stop_gradient(lo), jax.lax.stop_gradient(hi)
+  x, _ = root_in_bracket(residual, lo, hi, iters, tol=tol)
+  if not isinstance(found, jax.core.Tracer) and not bool(found):
+    raise ValueError(f"no value of {name} in [{lower}, {upper}] solves the equation: its residual "
+                     f"keeps one sign from {float(x0)!r} to the end of that range")
+  return jnp.where(found, x, jnp.nan), found

@@ -1,0 +1,175 @@
+"""The one solver module: safeguarded Newton, bracket search, implicit gradients (scalar,
+elementwise and vector roots), against closed-form roots and central differences."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxacct import _solver
+from jaxacct._solver import (bisect, expand_bracket, implicit_root, newton_in_bracket, root,
+                             root_in_bracket)
+
+
+@pytest.fixture(autouse=True)
+def _x64():
+  with jax.enable_x64(True):
+    yield
+
+
+def test_newton_in_bracket_converges_early_and_collapses_without_a_sign_change():
+  f = lambda x: jnp.exp(-x) - 0.3  # decreasing, root log(1/0.3)
+  slope = lambda x: (f(x), -jnp.exp(-x))
+  x, lo, hi, done, last_slope = newton_in_bracket(slope, -5.0, 5.0, 0.0, iters=50, tol=1e-12)
+  assert bool(done) and float(x) == pytest.approx(math.log(1 / 0.3), abs=1e-12)
+  assert float(lo) <= float(x) <= float(hi)
+  assert float(last_slope) == pytest.approx(-0.3, rel=1e-9)  # read at the last step's start
+  # A bracket without a sign change (f > 0 throughout) collapses onto its right end.
+  x, *_ = newton_in_bracket(slope, -5.0, 1.0, -2.0, iters=60, tol=1e-12)
+  assert float(x) == pytest.approx(1.0, abs=1e-9)
+
+
+def test_newton_in_bracket_is_elementwise():
+  targets = jnp.array([0.9, 0.3, 1e-6, 1e-200])
+  slope = lambda x: (jnp.exp(-x) - targets, -jnp.exp(-x))
+  x, *_ = newton_in_bracket(slope, jnp.zeros(4), jnp.full(4, 600.0), jnp.full(4, 1.0), iters=200,
+                            tol=1e-13)
+  np.testing.assert_allclose(np.asarray(x), -np.log(np.asarray(targets)), rtol=1e-12)
+
+
+def test_root_in_bracket_implicit_gradient_polish_and_safe_ends():
+  theta = 2.7
+  cube_root = lambda t: root_in_bracket(lambda x: t - x ** 3, 0.0, 4.0, 60, tol=1e-14)
+  assert float(cube_root(theta)[0]) == pytest.approx(theta ** (1 / 3), rel=1e-12)
+  # The slope the search last read (at a point within 1e-14 of the root): -3 x^2.
+  assert float(cube_root(theta)[1]) == pytest.approx(-3.0 * theta ** (2 / 3), rel=1e-9)
+  first = jax.grad(lambda t: cube_root(t)[0])
+  assert float(first(theta)) == pytest.approx(theta ** (-2 / 3) / 3, rel=1e-10)
+  # Second order through the implicit rule (no iterations differentiated).
+  second = jax.grad(first)
+  assert float(second(theta)) == pytest.approx(-2.0 / 9.0 * theta ** (-5 / 3), rel=1e-9)
+  # A search on a coarse approximation (root off by ~3e-8), then one polish step that reads the
+  # exact value and the coarse slope: the exact root and the exact implicit gradient.
+  polished = lambda t: root_in_bracket(
+      lambda x: t - x ** 3, 0.0, 4.0, 60, tol=1e-6,
+      coarse=lambda x: t * (1.0 + 1e-7) - x ** 3 * (1.0 + 1e-8))[0]
+  assert float(polished(theta)) == pytest.approx(theta ** (1 / 3), rel=1e-13)
+  assert float(jax.grad(polished)(theta)) == pytest.approx(theta ** (-2 / 3) / 3, rel=1e-10)
+  # The bracket ends are returned for bounds when Newton has not converged (here: no steps).
+  residual = lambda x: 1.0 - x
+  assert float(root_in_bracket(residual, 0.0, 3.0, 1, which=1, tol=1e-14)[0]) == 1.5
+  assert float(root_in_bracket(residual, 0.0, 3.0, 1, which=-1, tol=1e-14)[0]) == 0.0
+
+
+@pytest.mark.parametrize("target", [1e-12, 3.7e-9, 1e-5, 0.42, 1.0, 17.0, 1e3])
+@pytest.mark.parametrize("guess", [1e-3, 1.0, 50.0])
+def test_bracket_search_finds_roots_over_fifteen_decades(target, guess):
+  """Monotone functions with roots from 1e-12 to 1e3, searched from guesses on either side."""
+  for f in (lambda x: jnp.log(target) - jnp.log(x),          # root at target, log-like
+            lambda x: target ** 0.5 - jnp.sqrt(x),           # root at target, power-like
+            lambda x: jnp.tanh(target - x)):                  # saturating, linear near its root
+    lo, hi, found = jax.jit(lambda x0: expand_bracket(f, x0, factor=3.0, steps=80))(guess)
+    assert bool(found)
+    assert float(f(lo)) >= 0.0 >= float(f(hi))
+    x, ok = root(f, guess, factor=3.0, iters=100, tol=1e-15 * target)
+    assert bool(ok) and float(x) == pytest.approx(target, rel=1e-10)
+
+
+def test_bracket_search_on_a_linear_scale_and_within_the_domain():
+  f = lambda x: 1.5 - x  # root 1.5, searched from -40 with additive steps
+  lo, hi, found = expand_bracket(f, -40.0, factor=1.0, scale="linear", lower=-jnp.inf)
+  assert bool(found) and float(lo) <= 1.5 <= float(hi)
+  # The domain caps the search: a root beyond it is not found, and the end reached is returned.
+  lo, hi, found = expand_bracket(lambda x: 5.0 - x, 0.5, upper=1.0)
+  assert not bool(found) and float(hi) == 1.0
+
+
+def test_no_bracket_raises_on_concrete_values_and_is_nan_under_jit():
+  positive = lambda x: 1.0 + 0.0 * x  # never changes sign
+  with pytest.raises(ValueError, match="noise multiplier"):
+    root(positive, 1.0, upper=1e6, name="noise multiplier")
+  x, found = jax.jit(lambda x0: root(positive, x0, upper=1e6))(1.0)
+  assert math.isnan(float(x)) and not bool(found)
+
+
+def _central(f, x, h):
+  return (f(x + h) - f(x - h)) / (2.0 * h)
+
+
+@pytest.mark.parametrize("a", [0.3, 2.0, 40.0])
+def test_implicit_gradients_match_central_differences(a):
+  """x(a) solves x e^x = a (Lambert W): first and second derivatives, 1e-6 relative."""
+  x_of = lambda a: root(lambda x: a - x * jnp.exp(x), 1.0, iters=100, tol=1e-15)[0]
+  d1 = jax.grad(x_of)
+  d2 = jax.grad(d1)
+  h = 1e-4 * a
+  assert float(d1(a)) == pytest.approx(float(_central(x_of, a, h)), rel=1e-6)
+  assert float(d2(a)) == pytest.approx(float(_central(d1, a, h)), rel=1e-6)
+  w = float(x_of(a))  # closed form: W'(a) = W / (a (1 + W))
+  assert float(d1(a)) == pytest.approx(w / (a * (1.0 + w)), rel=1e-12)
+
+
+def test_elementwise_roots_have_elementwise_gradients():
+  a = jnp.array([0.5, 2.0, 9.0])
+
+  def roots(a):
+    f = lambda x: a - x ** 3
+    solve = lambda fn, g: newton_in_bracket(lambda x: jax.jvp(fn, (x,), (jnp.ones_like(x),)),
+                                            jnp.zeros(3), jnp.full(3, 5.0), g, 80, 1e-15)[0]
+    return implicit_root(f, solve, jnp.ones(3))
+
+  jac = jax.jacfwd(roots)(a)
+  np.testing.assert_allclose(np.diag(np.asarray(jac)), np.asarray(a) ** (-2 / 3) / 3, rtol=1e-10)
+  assert np.count_nonzero(np.asarray(jac) - np.diag(np.diag(np.asarray(jac)))) == 0
+
+
+def test_vector_tangent_solve_for_a_joint_root():
+  """(x, y) solving x^2 + y = a, x - y^3 = b: the implicit Jacobian d(x, y)/d(a, b) is the
+  inverse of the system's Jacobian, and matches central differences."""
+
+  def joint(params):
+    a, b = params[0], params[1]
+    f = lambda v: jnp.stack([a - v[0] ** 2 - v[1], v[0] - v[1] ** 3 - b])
+
+    def solve(fn, v):  # a few Newton steps on the 2x2 system (any solver: only the root matters)
+      for _ in range(40):
+        v = v - jnp.linalg.solve(jax.jacfwd(fn)(v), fn(v))
+      return v
+
+    return implicit_root(f, solve, jnp.array([1.0, 1.0]), structure="dense")
+
+  params = jnp.array([3.0, 0.5])
+  v = joint(params)
+  x, y = float(v[0]), float(v[1])
+  assert x * x + y == pytest.approx(3.0, abs=1e-12) and x - y ** 3 == pytest.approx(0.5, abs=1e-12)
+  jac = np.asarray(jax.jacfwd(joint)(params))
+  system = np.array([[-2 * x, -1.0], [1.0, -3 * y * y]])  # d f / d (x, y)
+  expected = -np.linalg.solve(system, np.diag([1.0, -1.0]))  # d f / d (a, b) = diag(1, -1)
+  np.testing.assert_allclose(jac, expected, rtol=1e-10)
+  h = 1e-6
+  fd = np.stack([(np.asarray(joint(params + h * e)) - np.asarray(joint(params - h * e))) / (2 * h)
+                 for e in np.eye(2)], axis=1)
+  np.testing.assert_allclose(jac, fd, rtol=1e-6)
+  # Reverse mode through the same rule.
+  g = jax.grad(lambda p: joint(p)[0] * joint(p)[1])(params)
+  np.testing.assert_allclose(np.asarray(g), y * jac[0] + x * jac[1], rtol=1e-10)
+
+
+def test_bisect_keeps_its_bracket():
+  lo, hi = bisect(lambda u: u ** 3 - 2.0, jnp.array([0.0, 1.0]), jnp.array([5.0, 2.0]), 50)
+  np.testing.assert_allclose(np.asarray(lo), 2.0 ** (1 / 3), rtol=1e-13)
+  assert np.all(np.asarray(lo) <= 2.0 ** (1 / 3)) and np.all(np.asarray(hi) >= 2.0 ** (1 / 3))
+
+
+def test_no_other_newton_loop_in_the_package():
+  """Every root the accountants find goes through the solver module: no other module runs its own
+  Newton iteration or bisection (the signatures of one)."""
+  import pathlib
+  import re
+  package = pathlib.Path(_solver.__file__).parent
+  pattern = re.compile(r"while_loop|newton = |mid = 0\.5")
+  offenders = [str(path.relative_to(package)) for path in package.rglob("*.py")
+               if path.name != "_solver.py" and pattern.search(path.read_text())]
+  assert offenders == []
