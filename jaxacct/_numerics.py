@@ -80,7 +80,10 @@ def scoped_gradients(fn, nondiff_argnums=()):
 
   A scoped float64 forward pass is not enough for ``grad``: the backward pass runs after the
   scope has closed (when JAX transposes), where float64 would be silently truncated to float32.
-  A ``custom_vjp`` whose fwd and bwd both enter the scope keeps every gradient in float64.
+  A ``custom_vjp`` whose fwd and bwd both enter the scope keeps every gradient in float64. Only
+  the inputs being differentiated are differentiated inside (symbolic zeros): a step count that
+  is not differentiated stays a constant, so the PLD accountant's refusal to differentiate
+  counts fires only when one is.
   """
 
   def run(*args):
@@ -88,30 +91,55 @@ def scoped_gradients(fn, nondiff_argnums=()):
       return fn(*args)
 
   wrapped = jax.custom_vjp(run, nondiff_argnums=nondiff_argnums)
-
-  def split(args):
-    diff = [a for i, a in enumerate(args) if i not in nondiff_argnums]
-    def call(*diff_args):
-      it = iter(diff_args)
-      return fn(*[a if i in nondiff_argnums else next(it) for i, a in enumerate(args)])
-    return diff, call
+  is_primal = lambda x: isinstance(x, jax.custom_derivatives.CustomVJPPrimal)
 
   def fwd(*args):
     with jax.enable_x64(True):
-      diff, call = split(args)
-      out, pullback = jax.vjp(call, *diff)
-    return out, pullback
+      positions = [i for i in range(len(args)) if i not in nondiff_argnums]
+      leaves, treedef = jax.tree_util.tree_flatten([args[i] for i in positions],
+                                                   is_leaf=is_primal)
+      values = [leaf.value for leaf in leaves]
+      moving = [i for i, leaf in enumerate(leaves) if leaf.perturbed]
+
+      def call(*moved):
+        current = list(values)
+        for i, value in zip(moving, moved):
+          current[i] = value
+        full = list(args)
+        for i, arg in zip(positions, jax.tree_util.tree_unflatten(treedef, current)):
+          full[i] = arg
+        return fn(*full)
+
+      out, pullback = jax.vjp(call, *[values[i] for i in moving])
+
+    def back(pullback, cotangent):  # (static structure closed over; pullback is the residual)
+      grads = [None] * len(values)
+      for i, grad in zip(moving, pullback(cotangent)):
+        grads[i] = grad
+      return tuple(jax.tree_util.tree_unflatten(treedef, grads))
+
+    return out, jax.tree_util.Partial(back, pullback)
+
+  def dense(c):
+    if isinstance(c, jax.custom_derivatives.SymbolicZero):
+      if c.aval.dtype == jax.dtypes.float0:
+        return np.zeros(c.aval.shape, jax.dtypes.float0)
+      return jnp.zeros(c.aval.shape, jnp.float64 if jnp.issubdtype(c.aval.dtype, jnp.floating)
+                       else c.aval.dtype)
+    return c.astype(jnp.float64) if jnp.issubdtype(c.dtype, jnp.floating) else c
 
   def bwd(*rest):
-    pullback, cotangent = rest[-2], rest[-1]
+    residual, cotangent = rest[-2], rest[-1]
     with jax.enable_x64(True):
-      cotangent = jax.tree_util.tree_map(
-          lambda c: c.astype(jnp.float64) if jnp.issubdtype(c.dtype, jnp.floating) else c,
-          cotangent)
-      return tuple(pullback(cotangent))
+      return residual(jax.tree_util.tree_map(dense, cotangent))
 
-  wrapped.defvjp(fwd, bwd)
-  return functools.wraps(fn)(wrapped)
+  wrapped.defvjp(fwd, bwd, symbolic_zeros=True)
+
+  @functools.wraps(fn)  # (a plain function: wraps would copy a custom_jvp's attributes onto it)
+  def call(*args):
+    return wrapped(*args)
+
+  return call
 
 
 # Composite Gauss-Legendre rule (fixed node count, so shapes are static): _GL_PANELS panels of
@@ -172,19 +200,6 @@ def hockey_primitive(d):
   return jnp.where(d < 1e-3, series, d + jnp.expm1(-d))
 
 
-def check_range(name, value, low, high, low_open=True, high_open=True):
-  """Raises ValueError naming ``name`` unless every concrete entry lies in the interval (no-op
-  under tracing, where values are unknown)."""
-  if is_traced(value):
-    return
-  vals = np.asarray(value, dtype=np.float64)
-  ok = np.isfinite(vals) & ((vals > low) if low_open else (vals >= low))
-  ok &= (vals < high) if high_open else (vals <= high)
-  if not np.all(ok):
-    left, right = "(" if low_open else "[", ")" if high_open else "]"
-    raise ValueError(f"{name} must be finite and in {left}{low}, {high}{right}; got {value!r}")
-
-
 def is_traced(tree) -> bool:
   """True when any leaf is a tracer (we are inside a caller's jit/vmap/grad)."""
   return any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree))
@@ -205,56 +220,5 @@ def fast_jit(fn, **kwargs):
     if is_traced((args, kw)):
       return fn(*args, **kw)
     return jitted(*args, **kw)
-
-  return call
-
-
-def flatten_batch(tree):
-  """(tree, shape): every leaf as float64, broadcast to the leaves' common batch shape and
-  flattened to one batch axis (of size 1 for a scalar batch), and that shape. Host values stay
-  numpy arrays (no small programs compiled for the reshaping)."""
-  xp = array_namespace(tree)
-  tree = jax.tree_util.tree_map(lambda a: xp.asarray(a, xp.float64), tree)
-  shape = np.broadcast_shapes(*[a.shape for a in jax.tree_util.tree_leaves(tree)])
-  size = int(np.prod(shape))
-  return jax.tree_util.tree_map(lambda a: xp.broadcast_to(a, shape).reshape(size), tree), shape
-
-
-def unbatched(flat):
-  """The single setting of a batch of size 1 from ``flatten_batch``, as scalars."""
-  return jax.tree_util.tree_map(lambda a: a.reshape(()), flat)
-
-
-def vectorised(single, chunk):
-  """``single(composition, x)`` over the broadcast shape of its inputs: the batching every
-  accountant's front door shares.
-
-  A scalar is one compiled call. A batch runs as one compiled ``vmap`` per block: full blocks of
-  ``chunk`` settings and a remainder padded to the next power of two (so a few programs serve
-  every batch size, memory stays bounded and padding at most doubles a small batch's work).
-  Under a caller's transformation (traced inputs) the batch is a ``lax.map`` in the caller's
-  program.
-  """
-  one = fast_jit(scoped_gradients(single))
-  block = fast_jit(scoped_gradients(jax.vmap(single)))
-
-  def call(composition, x):
-    flat, shape = flatten_batch((composition, x))
-    if shape == ():
-      return one(*unbatched(flat))
-    size = int(np.prod(shape))
-    if is_traced(flat):
-      out = jax.lax.map(lambda el: single(*el), flat, batch_size=min(size, chunk))
-    else:
-      parts = []
-      for start in range(0, size, chunk):
-        n = min(chunk, size - start)
-        pad = (1 << (n - 1).bit_length()) - n
-        part = jax.tree_util.tree_map(
-            lambda a: jnp.concatenate([a[start:start + n], jnp.repeat(a[start + n - 1:][:1], pad)]),
-            flat)
-        parts.append(jax.tree_util.tree_map(lambda a: a[:n], block(*part)))
-      out = jax.tree_util.tree_map(lambda *p: jnp.concatenate(p), *parts)
-    return jax.tree_util.tree_map(lambda a: a.reshape(shape), out)
 
   return call

@@ -8,8 +8,6 @@ for planning, so pass ``plan=`` (from ``make_plan`` / ``dpsgd_plan`` for the wor
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxacct import cgf as _cgf
@@ -18,12 +16,13 @@ from jaxacct import gdp as _gdp
 from jaxacct import pld as _pld
 from jaxacct import rdp as _rdp
 from jaxacct import spa as _spa
-from jaxacct._numerics import check_range as _check_range
-from jaxacct._numerics import (as_leaf, fast_jit, flatten_batch, float64, is_traced,
-                               scoped_gradients, unbatched, vectorised)
+from jaxacct._batch import vectorised
+from jaxacct._inputs import check_range as _check_range
+from jaxacct._inputs import check_whole
+from jaxacct._numerics import as_leaf, float64, is_traced
 from jaxacct.composition import Composition, as_composition
 from jaxacct.models import Gaussian, PoissonSampled, SampledGaussianReplaceOne
-from jaxacct.results import BELOW_FLOOR, WINDOW_TOO_SMALL, Bounds
+from jaxacct.results import Bounds
 
 RELATIONS = ("add_remove", "replace_one")
 # accountant -> (module with epsilon/delta functions, its methods; the first is the default).
@@ -32,96 +31,6 @@ RELATIONS = ("add_remove", "replace_one")
 ACCOUNTANTS = {"pld": (None, ("pld",)), "spa": (_spa, _spa.METHODS),
                "edgeworth": (_edgeworth, _edgeworth.METHODS),
                "rdp": (_rdp, ("optimal_order",)), "gdp": (_gdp, ("mu",))}
-# Peak memory of one batch element is ~ 16 arrays of N float64 values; chunks stay under this.
-_CHUNK_BYTES = 1 << 28
-
-
-def _as_float64(tree):
-  """Every leaf as a float64 array (inputs may come from a float32 program)."""
-  return jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float64), tree)
-
-
-def _chunk(plan: _pld.Plan, batch_size):
-  """Settings per vectorised chunk. On CPU one at a time: vectorising FFTs gains nothing there,
-  and a single setting keeps its runtime branch (the spectrum band, see pld._high_band), which
-  vmap would turn into computing both branches. Elsewhere as many as fit the memory budget."""
-  if batch_size is not None:
-    return int(batch_size)
-  if jax.default_backend() == "cpu":
-    return 1
-  return int(max(1, min(64, _CHUNK_BYTES // (16 * 8 * plan.fft_size))))
-
-
-def _mapped(single):
-  """Applies ``single(composition, x, plan)`` to a flat batch in chunks of ``chunk`` (vmapped)."""
-
-  def run(composition, x, plan, chunk):
-    # (batch_size=1 would still vmap, over a batch of one; a plain map is a loop.)
-    return jax.lax.map(lambda args: single(*args, plan), (composition, x),
-                       batch_size=chunk if chunk > 1 else None)
-
-  return fast_jit(scoped_gradients(run, nondiff_argnums=(3,)), static_argnums=(3,))
-
-
-def _epsilon_single(composition, delta, plan):
-  return _pld.epsilon_from_pld(_pld.compose(composition, plan), delta)
-
-
-def _delta_single(composition, epsilon, plan):
-  return _pld.delta_from_pld(_pld.compose(composition, plan), epsilon)
-
-
-_epsilon_one = fast_jit(scoped_gradients(_epsilon_single))
-_delta_one = fast_jit(scoped_gradients(_delta_single))
-_epsilon_many = _mapped(_epsilon_single)
-_delta_many = _mapped(_delta_single)
-_compose = fast_jit(scoped_gradients(_pld.compose))
-
-
-def _run(one, many, composition, x, plan, batch_size):
-  (flat_comp, flat_x), shape = flatten_batch((composition, x))
-  if shape == ():
-    return one(*unbatched((flat_comp, flat_x)), plan)
-  out = many(flat_comp, flat_x, plan, _chunk(plan, batch_size))
-  return jax.tree_util.tree_map(lambda a: a.reshape(shape), out)
-
-
-# Certificates that can fail on a sweep's shared plan (made for its extremes: the finest grid,
-# the widest window and the smallest delta of all its settings) and hold on a setting's own.
-_SHARED_PLAN_FAILED = WINDOW_TOO_SMALL | BELOW_FLOOR
-
-
-def _run_planned(one, many, composition, x, plan, replan, batch_size):
-  """``_run`` on a plan jaxacct made itself (``replan(composition, x)`` plans one setting; None
-  when the caller gave the plan). When the composed loss outgrew the window (WINDOW_TOO_SMALL,
-  bounds widened) it retries with a twice larger window (twice). In a batch, a setting whose
-  certificate failed on the shared plan is rerun on a plan of its own (the tighter upper kept)."""
-  result = _run(one, many, composition, x, plan, batch_size)
-  if replan is None or is_traced(result):
-    return result
-  for _ in range(2):
-    if not np.any(np.asarray(result.status) & WINDOW_TOO_SMALL):
-      break
-    wider = _pld.widen(plan)
-    if wider is None:  # (as wide as float64 serves: the widened bounds stand)
-      break
-    plan = wider
-    result = _run(one, many, composition, x, plan, batch_size)
-  failed = np.flatnonzero(np.asarray(result.status) & _SHARED_PLAN_FAILED)
-  if np.ndim(result.status) == 0 or failed.size == 0:
-    return result
-  (flat_comp, flat_x), shape = flatten_batch((composition, x))
-  names = ("lower", "estimate", "upper", "status")
-  fields = {name: np.array(getattr(result, name)).reshape(-1) for name in names}
-  for i in failed:
-    comp_i, x_i = unbatched(jax.tree_util.tree_map(lambda a: a[i:i + 1], (flat_comp, flat_x)))
-    own = _run_planned(one, many, comp_i, x_i, replan(comp_i, x_i), replan, batch_size)
-    if float(own.upper) <= fields["upper"][i]:
-      for name in names:
-        fields[name][i] = np.asarray(getattr(own, name))
-  return Bounds(**{name: jnp.asarray(value.reshape(shape)) for name, value in fields.items()})
-
-
 # Settings per vmapped block of a CGF accountant's batch.
 _CGF_CHUNK = 64
 _CGF_RUNNERS = {}
@@ -149,38 +58,20 @@ def _check_accountant(accountant):
     raise ValueError(f"accountant must be one of {tuple(ACCOUNTANTS)}; got {accountant!r}")
 
 
-def _plan_for(composition, delta, eps_error, delta_error, plan):
-  if plan is not None:
-    return plan
-  if is_traced((composition, delta)):
-    raise ValueError("under jit/vmap/grad the inputs are traced and cannot be used to plan the "
-                     "grid: pass plan=jaxacct.make_plan(...) (or dpsgd_plan) for the worst case")
-  return _pld.make_plan(composition, delta, eps_error=eps_error, delta_error=delta_error)
+def make_plan(composition, delta, eps_error=0.01, delta_error=1e-3,
+              size_cache=None) -> _pld.Plan:
+  """Accuracy plan serving ``composition`` (or a batched sweep of it) down to ``delta``: see
+  ``jaxacct.pld.make_plan``."""
+  return _pld.make_plan(composition, delta, eps_error=eps_error, delta_error=delta_error,
+                        size_cache=size_cache)
 
 
-@float64
-def make_plan(composition, delta, eps_error=0.01, delta_error=1e-3) -> _pld.Plan:
-  """Accuracy plan serving ``composition`` (or a batched sweep of it) down to ``delta``.
-
-  The certified bracket upper - lower is about 2 * ``eps_error``; ``delta_error`` is the lower
-  bound's delta slack as a fraction of delta. The plan's grid sizes are static: one compiled
-  accountant serves every setting the plan covers.
-  """
-  return _pld.make_plan(as_composition(composition), delta, eps_error, delta_error)
-
-
-@float64
-def compose(composition, *, delta=1e-10, eps_error=0.01, delta_error=1e-3,
-            plan=None) -> _pld.PrivacyLossDistribution:
-  """Composed privacy-loss distribution, reusable for many queries and ``append``.
-
-  ``delta`` is the smallest delta the PLD will be asked about (it sizes the grid).
-  """
-  composition = as_composition(composition)
-  composition.check()
-  _check_range("delta", delta, 0.0, 1.0)
-  plan = _plan_for(composition, delta, eps_error, delta_error, plan)
-  return _compose(_as_float64(composition), plan)
+def compose(composition, *, delta=1e-10, eps_error=0.01, delta_error=1e-3, plan=None,
+            size_cache=None) -> _pld.PrivacyLossDistribution:
+  """Composed privacy-loss distribution, reusable for many queries and ``append``: see
+  ``jaxacct.pld.compose``."""
+  return _pld.compose(composition, delta=delta, eps_error=eps_error, delta_error=delta_error,
+                      plan=plan, size_cache=size_cache)
 
 
 @float64
@@ -213,10 +104,8 @@ def epsilon(composition, delta, *, accountant="pld", method=None, eps_error=0.01
   _check_range("delta", delta, 0.0, 1.0)
   if accountant != "pld":
     return _run_cgf(accountant, "epsilon", composition, delta, method)
-  replan = None if plan is not None else (
-      lambda comp, d: _pld.make_plan(comp, d, eps_error=eps_error, delta_error=delta_error))
-  plan = _plan_for(composition, delta, eps_error, delta_error, plan)
-  return _run_planned(_epsilon_one, _epsilon_many, composition, delta, plan, replan, batch_size)
+  return _pld.epsilon(composition, delta, eps_error=eps_error, delta_error=delta_error,
+                      plan=plan, batch_size=batch_size)
 
 
 @float64
@@ -233,12 +122,8 @@ def delta(composition, epsilon, *, accountant="pld", method=None, smallest_delta
   _check_range("epsilon", epsilon, 0.0, np.inf, low_open=False)
   if accountant != "pld":
     return _run_cgf(accountant, "delta", composition, epsilon, method)
-  _check_range("smallest_delta", smallest_delta, 0.0, 1.0)
-  replan = None if plan is not None else (
-      lambda comp, _: _pld.make_plan(comp, smallest_delta, eps_error=eps_error,
-                                     delta_error=delta_error))
-  plan = _plan_for(composition, smallest_delta, eps_error, delta_error, plan)
-  return _run_planned(_delta_one, _delta_many, composition, epsilon, plan, replan, batch_size)
+  return _pld.delta(composition, epsilon, smallest_delta=smallest_delta, eps_error=eps_error,
+                    delta_error=delta_error, plan=plan, batch_size=batch_size)
 
 
 def dpsgd_composition(noise_multiplier, sampling_rate, steps,
@@ -253,6 +138,8 @@ def dpsgd_composition(noise_multiplier, sampling_rate, steps,
     raise ValueError(f"relation must be one of {RELATIONS}; got {relation!r}")
   _check_range("noise_multiplier", noise_multiplier, 0.0, np.inf)
   _check_range("sampling_rate", sampling_rate, 0.0, 1.0, high_open=False)
+  _check_range("steps", steps, 0.0, np.inf, low_open=False)
+  check_whole("steps", steps)
   full_batch = (not is_traced(sampling_rate)) and bool(np.all(np.asarray(sampling_rate) == 1.0))
   if relation == "replace_one":
     model = (Gaussian(noise_multiplier, 2.0) if full_batch
@@ -265,11 +152,12 @@ def dpsgd_composition(noise_multiplier, sampling_rate, steps,
 
 @float64
 def dpsgd_plan(noise_multiplier, sampling_rate, steps, delta, *, relation="add_remove",
-               eps_error=0.01, delta_error=1e-3) -> _pld.Plan:
+               eps_error=0.01, delta_error=1e-3, size_cache=None) -> _pld.Plan:
   """Plan for DP-SGD queries under jit/vmap/grad: give the worst case of the sweep (smallest
   noise, largest rate and step count, smallest delta), or arrays of the settings to serve."""
   comp = dpsgd_composition(noise_multiplier, sampling_rate, steps, relation)
-  return _pld.make_plan(comp, delta, eps_error, delta_error)
+  return _pld.make_plan(comp, delta, eps_error=eps_error, delta_error=delta_error,
+                        size_cache=size_cache)
 
 
 @float64

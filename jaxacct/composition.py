@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
-import numpy as np
 
+from jaxacct._inputs import check_range, check_whole
 from jaxacct._numerics import as_leaf
 from jaxacct.models import PrivacyLoss, with_array_fields
 
@@ -51,14 +52,9 @@ class Composition:
       raise ValueError("a composition needs at least one (mechanism, count) entry")
     for mech, count in zip(self.mechanisms, self.counts):
       mech.check()
-      try:
-        vals = np.asarray(count, dtype=np.float64)
-      except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
-        continue
-      whole = np.all(vals == np.round(vals)) or not integer_counts
-      if not (np.all(np.isfinite(vals)) and np.all(vals >= 0) and whole):
-        kind = "integers" if integer_counts else "numbers"
-        raise ValueError(f"counts (steps) must be finite non-negative {kind}; got {count!r}")
+      check_range("counts", count, 0.0, math.inf, low_open=False)
+      if integer_counts:
+        check_whole("counts", count)
 
 
 def as_composition(entry) -> Composition:
@@ -68,3 +64,10 @@ def as_composition(entry) -> Composition:
   if isinstance(entry, PrivacyLoss):
     return Composition.of(entry)
   return Composition.of(*entry)
+
+
+def checked(entry, *, integer_counts) -> Composition:
+  """``as_composition(entry)``, its models' parameters and counts checked (concrete values)."""
+  composition = as_composition(entry)
+  composition.check(integer_counts)
+  return composition

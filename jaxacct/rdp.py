@@ -39,9 +39,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxacct import cgf, models
-from jaxacct._numerics import exp_upper, float64, safe_where, vectorised
+from jaxacct._batch import vectorised
+from jaxacct._numerics import exp_upper, float64, safe_where
 from jaxacct._solver import implicit_root, newton_in_bracket
-from jaxacct._numerics import check_range as _check_range
+from jaxacct._inputs import check_range as _check_range
 from jaxacct.composition import Composition, as_composition
 from jaxacct.results import LOWER_VACUOUS, Bounds
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import jaxacct
-from jaxacct import pld
-from jaxacct._numerics import vectorised
+from jaxacct.pld import discretise, distribution, query, spectrum
+from jaxacct._batch import vectorised
 
 CASES = [  # composition, smallest delta
     ([(jaxacct.Gaussian(50.0), 100_000)], 1e-7),
@@ -20,13 +20,14 @@ CASES = [  # composition, smallest delta
 
 
 def _long_double_composition(composition, plan, pld_, direction):
-  """The same per-step pmfs, composed and windowed like pld.compose, in numpy long double."""
+  """The same per-step pmfs, composed and windowed like distribution.compose, in numpy long
+  double."""
   n = plan.fft_size
   spectrum = np.ones(n // 2 + 1, dtype=np.clongdouble)
   base = 0
   with jax.enable_x64(True):
     for mech, count in zip(composition.mechanisms, composition.counts):
-      step = pld._discretise(mech, jnp.float64(direction), plan)
+      step = discretise.discretise(mech, jnp.float64(direction), plan)
       x = np.zeros(n, dtype=np.longdouble)
       x[:plan.per_step_size] = np.asarray(step.pmf, dtype=np.longdouble)
       spectrum = spectrum * np.fft.rfft(x) ** int(count)
@@ -76,7 +77,7 @@ def test_suffix_sums_match_numpy(n):
   """Both paths: a triangular product (n <= 2048) and a reversed cumulative sum."""
   x = np.random.default_rng(n).exponential(size=(2, n)) * np.logspace(-200, 0, n)
   with jax.enable_x64(True):
-    got = np.asarray(pld._suffix_sums(jnp.asarray(x)))
+    got = np.asarray(query._suffix_sums(jnp.asarray(x)))
   expected = np.cumsum(x[:, ::-1].astype(np.longdouble), 1)[:, ::-1].astype(np.float64)
   np.testing.assert_allclose(got, expected, rtol=1e-13, atol=0.0)
 
@@ -85,7 +86,7 @@ def test_suffix_sums_match_numpy(n):
 def test_tail_sums_find_the_crossing_cell(monkeypatch, triangle_max):
   """d(b) = sum_{j >= b} pmf_j (1 - c e^{(b - j) h}) at every boundary, and the cell where it
   crosses a target, against a long-double sum (block sums by either suffix-sum path)."""
-  monkeypatch.setattr(pld, "_TRIANGLE_MAX", triangle_max)
+  monkeypatch.setattr(query, "_TRIANGLE_MAX", triangle_max)
   n, h = 5000, 0.003
   j = np.arange(n)
   pmf = np.exp(-0.5 * ((j - 2100) / 400.0) ** 2)
@@ -95,7 +96,7 @@ def test_tail_sums_find_the_crossing_cell(monkeypatch, triangle_max):
   def d_exact(b):
     return float(np.sum(pmf[b:] * (1 - c * np.exp((b - lj[b:]) * h))))
   with jax.enable_x64(True):
-    sums = pld._TailSums.of(jnp.asarray(pmf), jnp.asarray(h))
+    sums = query._TailSums.of(jnp.asarray(pmf), jnp.asarray(h))
     total, d0 = sums.delta_at_start()
     assert float(total) == pytest.approx(1.0, rel=1e-14)
     assert float(d0) == pytest.approx(d_exact(0), rel=1e-12)
@@ -126,14 +127,14 @@ def test_epsilon_below_the_grid_is_rounded_to_the_safe_side(gap):
   left = np.longdouble(first) - h / 2
   exact = float(left + np.log((total - np.longdouble(target)) / (total - d0)))
   with jax.enable_x64(True):
-    sums = pld._TailSums.of(jnp.asarray(pmf), jnp.asarray(h))
-    root = lambda side: float(pld._epsilon_on_grid(jnp.asarray(pmf), sums, jnp.asarray(first),
+    sums = query._TailSums.of(jnp.asarray(pmf), jnp.asarray(h))
+    root = lambda side: float(query._epsilon_on_grid(jnp.asarray(pmf), sums, jnp.asarray(first),
                                                    jnp.asarray(h), jnp.asarray(target), side))
     upper, estimate, lower = root(1.0), root(0.0), root(-1.0)
   assert lower <= exact <= upper
   with jax.enable_x64(True):  # a target above the total mass: no finite root, and no NaN
     for side in (1.0, 0.0, -1.0):
-      assert float(pld._epsilon_on_grid(jnp.asarray(pmf), sums, jnp.asarray(first),
+      assert float(query._epsilon_on_grid(jnp.asarray(pmf), sums, jnp.asarray(first),
                                         jnp.asarray(h), jnp.asarray(1.5), side)) == -np.inf
   rounding = np.finfo(np.float64).eps * (1 + abs(exact) + 2 / (gap * float(total - d0)))
   assert upper - lower <= 20 * rounding
@@ -147,7 +148,7 @@ def test_low_band_spectrum_matches_a_direct_dft(n, k0, block):
   rng = np.random.default_rng(n + k0)
   pmf = rng.exponential(size=200) * np.exp(-0.5 * ((np.arange(200) - 90) / 25.0) ** 2)
   with jax.enable_x64(True):
-    log_f, centre, _ = pld._low_log_spectrum(jnp.asarray(pmf), n, k0, block)
+    log_f, centre, _ = spectrum.low_log_spectrum(jnp.asarray(pmf), n, k0, block)
   j = np.arange(200, dtype=np.longdouble)
   k = np.arange(k0, dtype=np.longdouble)[:, None]
   angle = -2 * np.pi * k * (j[None, :] - int(centre)) / n  # F'_k: F_k without the centre's phase
@@ -170,7 +171,7 @@ def test_a_wide_sweep_plan_runs_the_low_band_in_chunks():
     # would need ~2000).
     one = jaxacct.Composition.of((jaxacct.PoissonSampled(jaxacct.Laplace(2.0), 0.3), 2.0))
     one = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float64), one)
-    memory = jax.jit(lambda c: pld.compose(c, plan)).lower(one).compile().memory_analysis()
+    memory = jax.jit(lambda c: distribution.compose(c, plan)).lower(one).compile().memory_analysis()
     assert memory.temp_size_in_bytes <= 100 * 8 * plan.fft_size
     swept = jaxacct.epsilon(comp, 1e-6, plan=plan)
     for i in range(2):
@@ -182,16 +183,15 @@ def test_a_wide_sweep_plan_runs_the_low_band_in_chunks():
       assert float(alone.lower) <= float(swept.estimate[i]) <= float(alone.upper)
 
 
-def test_nearby_settings_share_one_program(monkeypatch):
-  """Settings planned one at a time reuse static sizes that fit them (one compiled program for a
-  sigma sweep over 25%); a reused plan's bracket agrees with the setting's own plan."""
-  monkeypatch.setattr(pld, "_USED_SIZES", set())
+def test_nearby_settings_share_one_program_through_a_size_cache():
+  """Settings planned one at a time with one SizeCache reuse static sizes that fit them (one
+  compiled program for a sigma sweep over 25%); a reused plan's bracket agrees with the setting's
+  own plan. Without a cache a plan depends only on its inputs, not on what was planned before."""
+  cache = jaxacct.pld.SizeCache()
   sigmas = np.linspace(1.0, 1.25, 6)
-  plans = [jaxacct.dpsgd_plan(s, 0.01, 1000, 1e-5) for s in sigmas]
-  assert len({(p.per_step_size, p.fft_size, p.low_frequencies, p.block, p.band)
-              for p in plans}) == 1
+  plans = [jaxacct.dpsgd_plan(s, 0.01, 1000, 1e-5, size_cache=cache) for s in sigmas]
+  assert len({p.sizes for p in plans}) == 1
   reused = jaxacct.dpsgd_epsilon(sigmas[-1], 0.01, 1000, 1e-5, plan=plans[-1])
-  monkeypatch.setattr(pld, "_USED_SIZES", set())
   own_plan = jaxacct.dpsgd_plan(sigmas[-1], 0.01, 1000, 1e-5)
   assert own_plan.fft_size < plans[-1].fft_size  # (a plan of its own)
   own = jaxacct.dpsgd_epsilon(sigmas[-1], 0.01, 1000, 1e-5, plan=own_plan)
@@ -199,5 +199,10 @@ def test_nearby_settings_share_one_program(monkeypatch):
   assert float(reused.lower) <= float(own.upper) and float(own.lower) <= float(reused.upper)
   assert abs(float(reused.estimate) - float(own.estimate)) <= 1e-6
   # Also where the low band needs only a few coefficients (few steps).
-  few = [jaxacct.dpsgd_plan(s, 1.0, 4, 1e-5) for s in sigmas]
-  assert len({(p.per_step_size, p.fft_size, p.low_frequencies, p.band) for p in few}) == 1
+  few = [jaxacct.dpsgd_plan(s, 1.0, 4, 1e-5, size_cache=cache) for s in sigmas]
+  assert len({p.sizes for p in few}) == 1
+  # No cache: the same inputs give the same plan whatever was planned before.
+  alone = [jaxacct.dpsgd_plan(s, 0.01, 1000, 1e-5) for s in sigmas]
+  assert alone[-1].sizes == own_plan.sizes
+  assert [p.sizes for p in alone] == [jaxacct.dpsgd_plan(s, 0.01, 1000, 1e-5).sizes
+                                      for s in sigmas[::-1]][::-1]

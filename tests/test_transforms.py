@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import jaxacct
-from jaxacct import pld
+from jaxacct.pld import distribution, query
 
 SIGMAS = np.linspace(0.8, 3.0, 100)
 PLAN_ARGS = dict(noise_multiplier=SIGMAS, sampling_rate=0.02, steps=300, delta=1e-6)
@@ -26,8 +26,9 @@ def _fields(r):
 def test_jit_equals_eager(plan):
   comp = jaxacct.dpsgd_composition(1.3, 0.02, 300)
   with jax.enable_x64(True):
-    eager = pld.epsilon_from_pld(pld.compose(comp, plan), 1e-6)
-    jitted = jax.jit(lambda c, d: pld.epsilon_from_pld(pld.compose(c, plan), d))(comp, 1e-6)
+    eager = query.epsilon_from_pld(distribution.compose(comp, plan), 1e-6)
+    jitted = jax.jit(lambda c, d: query.epsilon_from_pld(distribution.compose(c, plan), d))(
+        comp, 1e-6)
   # The estimate agrees to round-off; the bounds' safe-side nudge is proportional to a residual
   # at round-off level, so it moves with XLA's fusion order (1e-9 relative, always outward).
   np.testing.assert_allclose(np.asarray(eager.estimate), np.asarray(jitted.estimate), rtol=1e-11)
@@ -158,3 +159,26 @@ def test_a_sweep_reruns_a_setting_its_shared_plan_cannot_serve():
       else:  # served by the shared plan: both brackets hold the truth
         assert float(swept.lower[i]) <= float(alone.upper)
         assert float(alone.lower) <= float(swept.upper[i])
+
+
+def test_differentiating_a_step_count_raises_not_zero(plan):
+  """The PLD accountant composes whole steps: d eps / d T does not exist there, and a silent 0
+  would mislead a calibration. A traced count that is not differentiated is fine."""
+  f = lambda s, t: jaxacct.dpsgd_epsilon(s, 0.02, t, 1e-6, plan=plan).estimate
+  with pytest.raises(ValueError, match="whole steps"):
+    jax.grad(f, argnums=1)(1.3, 300.0)
+  g_traced_count = jax.jit(jax.grad(f, argnums=0))(1.3, 300.0)
+  g = jax.grad(lambda s: f(s, 300))(1.3)
+  assert float(g_traced_count) == pytest.approx(float(g), rel=1e-12) and float(g) < 0.0
+  # The CGF accountants take real counts: there d eps / d T exists (and is positive).
+  comp = lambda t: jaxacct.Composition.of((jaxacct.PoissonSampled(jaxacct.Gaussian(1.3), 0.02), t))
+  d_steps = jax.grad(lambda t: jaxacct.epsilon(comp(t), 1e-6, accountant="spa").estimate)(300.0)
+  assert float(d_steps) > 0.0
+
+
+def test_zero_steps_inside_a_compiled_program(plan):
+  """Under jit (no planning, the caller's plan) a setting of no steps still gives 0."""
+  out = jax.jit(lambda t: jaxacct.dpsgd_epsilon(1.3, 0.02, t, 1e-6, plan=plan))(0.0)
+  assert float(out.lower) == float(out.estimate) == float(out.upper) == 0.0
+  d = jax.jit(lambda t: jaxacct.dpsgd_delta(1.3, 0.02, t, 0.5, plan=plan))(0.0)
+  assert float(d.upper) <= 1e-12 and float(d.lower) == 0.0

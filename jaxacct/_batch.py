@@ -1,0 +1,144 @@
+"""Batches of settings: the broadcast of every leaf's batch shape, with each model field's event
+shape kept whole.
+
+A leaf's *event* dimensions are the trailing ones a model declares for a field that holds a
+vector per setting (a mixture's weights over its components: ``event_field``); every other
+dimension is a batch dimension. A batch is flattened to one leading axis of settings (each leaf
+[settings, *event]), run in blocks, and reshaped back to the batch shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxacct._numerics import array_namespace, fast_jit, is_traced, scoped_gradients
+
+
+def event_field(**kwargs):
+  """A model field that holds one vector per setting (its last axis is an event axis)."""
+  return dataclasses.field(metadata={"event_ndim": 1}, **kwargs)
+
+
+def _is_model(node):
+  from jaxacct.models import PrivacyLoss  # (models import this module's helpers)
+  return isinstance(node, PrivacyLoss)
+
+
+def event_ndims(tree) -> list:
+  """The number of event dimensions of each leaf of ``tree`` (in ``tree_leaves`` order): a model
+  field's declared ``event_ndim``, 0 for everything else."""
+  out = []
+  for node in jax.tree_util.tree_leaves(tree, is_leaf=_is_model):
+    if not _is_model(node):
+      out.append(0)
+      continue
+    for field in dataclasses.fields(node):
+      value = getattr(node, field.name)
+      if _is_model(value):
+        out.extend(event_ndims(value))
+      else:
+        out.extend([field.metadata.get("event_ndim", 0)] * len(jax.tree_util.tree_leaves(value)))
+  return out
+
+
+def _named_leaves(tree):
+  """(name, leaf) pairs: the leaf's path in ``tree`` as a readable name."""
+  pairs = jax.tree_util.tree_flatten_with_path(tree)[0]
+  names = []
+  for path, _ in pairs:
+    text = jax.tree_util.keystr(path)
+    for quote in ("['", "']"):
+      text = text.replace(quote, "." if quote == "['" else "")
+    names.append(text.lstrip("."))
+  return list(zip(names, (leaf for _, leaf in pairs)))
+
+
+def batch_shape(tree) -> tuple:
+  """The broadcast of the batch shapes of ``tree``'s leaves; a ValueError naming the leaves whose
+  shapes do not broadcast."""
+  named = _named_leaves(tree)
+  shapes = []
+  for (name, leaf), ndim in zip(named, event_ndims(tree)):
+    shape = np.shape(leaf)
+    if len(shape) < ndim:
+      raise ValueError(f"{name} must have {ndim} event dimension(s) (a vector per setting); "
+                       f"got shape {shape}")
+    shapes.append(shape[:len(shape) - ndim])
+  try:
+    return tuple(np.broadcast_shapes(*shapes))
+  except ValueError:
+    batched = [f"{name} {shape}" for (name, _), shape in zip(named, shapes) if shape]
+    raise ValueError("batch shapes do not broadcast: " + ", ".join(batched)) from None
+
+
+def flatten(tree):
+  """(flat tree, batch shape): every leaf as float64, broadcast to the batch shape (its event
+  dimensions kept) and reshaped to one leading axis of settings (of size 1 for a scalar batch).
+  Host values stay numpy arrays (no small programs compiled for the reshaping)."""
+  shape = batch_shape(tree)
+  xp = array_namespace(tree)
+  size = int(np.prod(shape))
+  leaves, treedef = jax.tree_util.tree_flatten(tree)
+  flat = []
+  for leaf, ndim in zip(leaves, event_ndims(tree)):
+    leaf = xp.asarray(leaf, xp.float64)
+    event = leaf.shape[leaf.ndim - ndim:] if ndim else ()
+    flat.append(xp.broadcast_to(leaf, shape + event).reshape((size,) + event))
+  return jax.tree_util.tree_unflatten(treedef, flat), shape
+
+
+def take(flat, index):
+  """The setting at ``index`` of a flat batch (leading axis dropped, event axes kept)."""
+  return jax.tree_util.tree_map(lambda a: a[index], flat)
+
+
+def select(flat, indices):
+  """The settings at ``indices`` (an integer array) of a flat batch, still a flat batch."""
+  return jax.tree_util.tree_map(lambda a: a[np.asarray(indices)], flat)
+
+
+def reshaped(out, shape):
+  """Every leaf of a flat result reshaped to the batch shape."""
+  return jax.tree_util.tree_map(lambda a: a.reshape(shape + a.shape[1:]), out)
+
+
+def vectorised(single, chunk):
+  """``single(composition, x)`` over the broadcast batch shape of its inputs: the batching every
+  accountant's front door shares.
+
+  A scalar batch is one compiled call. A batch runs as one compiled ``vmap`` per block: full
+  blocks of ``chunk`` settings and a remainder padded to the next power of two (so a few programs
+  serve every batch size, memory stays bounded and padding at most doubles a small batch's work).
+  Under a caller's transformation (traced inputs) the batch is a ``lax.map`` in the caller's
+  program.
+  """
+  one = fast_jit(scoped_gradients(single))
+  block = fast_jit(scoped_gradients(jax.vmap(single)))
+
+  def call(composition, x):
+    flat, shape = flatten((composition, x))
+    if shape == ():
+      return one(*take(flat, 0))
+    size = int(np.prod(shape))
+    if is_traced(flat):
+      out = jax.lax.map(lambda el: single(*el), flat, batch_size=min(size, chunk))
+    else:
+      parts = []
+      for start in range(0, size, chunk):
+        n = min(chunk, size - start)
+        pad = (1 << (n - 1).bit_length()) - n
+
+        def padded(a):
+          part = a[start:start + n]
+          return jnp.concatenate([part, jnp.repeat(part[-1:], pad, axis=0)])
+
+        part = jax.tree_util.tree_map(padded, flat)
+        parts.append(jax.tree_util.tree_map(lambda a: a[:n], block(*part)))
+      out = jax.tree_util.tree_map(lambda *p: jnp.concatenate(p), *parts)
+    return reshaped(out, shape)
+
+  return call

@@ -1,0 +1,236 @@
+"""The PLD accountant's front door: check, plan, run; the planner's answer when a certificate
+fails on a plan (a wider window, a plan of a setting's own).
+
+Data flows one way: ``epsilon``/``delta`` check their inputs, answer settings of no steps at once
+(epsilon = delta = 0), plan the rest on the host (``plan.make_plan``), run the compiled accountant
+(``distribution.compose`` + ``query``) on each block of settings, and, where jaxacct made the
+plan, rerun what a certificate could not serve on the plan ``plan.widen`` or a setting's own
+plan gives. Under ``jit``/``vmap``/``grad`` the inputs are traced: there is no planning, the
+caller's ``plan`` serves every setting.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxacct import _batch
+from jaxacct._inputs import check_delta, check_epsilon, check_range
+from jaxacct._numerics import as_leaf, fast_jit, float64, is_traced, scoped_gradients
+from jaxacct.composition import checked
+from jaxacct.pld import plan as _plan
+from jaxacct.pld.distribution import PrivacyLossDistribution, compose as _compose_pure
+from jaxacct.pld.query import delta_from_pld, epsilon_from_pld
+from jaxacct.results import BELOW_FLOOR, WINDOW_TOO_SMALL, Bounds
+
+# Peak memory of one batch element is ~ 16 arrays of N float64 values; chunks stay under this.
+_CHUNK_BYTES = 1 << 28
+# Certificates that can fail on a sweep's shared plan (made for its extremes: the finest grid,
+# the widest window and the smallest delta of all its settings) and hold on a setting's own.
+_SHARED_PLAN_FAILED = WINDOW_TOO_SMALL | BELOW_FLOOR
+_FIELDS = ("lower", "estimate", "upper", "status")
+
+
+def _chunk(plan: _plan.Plan, batch_size):
+  """Settings per vectorised chunk. On CPU one at a time: vectorising FFTs gains nothing there,
+  and a single setting keeps its runtime branch (the spectrum band, see spectrum._high_band),
+  which vmap would turn into computing both branches. Elsewhere as many as fit the memory
+  budget."""
+  if batch_size is not None:
+    return int(batch_size)
+  if jax.default_backend() == "cpu":
+    return 1
+  return int(max(1, min(64, _CHUNK_BYTES // (16 * 8 * plan.fft_size))))
+
+
+def _epsilon_single(composition, delta, plan):
+  return epsilon_from_pld(_compose_pure(composition, plan), delta)
+
+
+def _delta_single(composition, epsilon, plan):
+  return delta_from_pld(_compose_pure(composition, plan), epsilon)
+
+
+def _mapped(single):
+  """``single(composition, x, plan)`` over a flat batch in chunks of ``chunk`` (vmapped)."""
+
+  def run(composition, x, plan, chunk):
+    # (batch_size=1 would still vmap, over a batch of one; a plain map is a loop.)
+    return jax.lax.map(lambda args: single(*args, plan), (composition, x),
+                       batch_size=chunk if chunk > 1 else None)
+
+  return fast_jit(scoped_gradients(run, nondiff_argnums=(3,)), static_argnums=(3,))
+
+
+_RUNNERS = {"epsilon": (fast_jit(scoped_gradients(_epsilon_single)), _mapped(_epsilon_single)),
+            "delta": (fast_jit(scoped_gradients(_delta_single)), _mapped(_delta_single))}
+_compose = fast_jit(scoped_gradients(_compose_pure))
+
+
+def _run(quantity, flat, plan, batch_size):
+  """The compiled accountant on a flat batch (leaves [settings, ...]): flat Bounds."""
+  one, many = _RUNNERS[quantity]
+  size = jax.tree_util.tree_leaves(flat)[0].shape[0]
+  if size == 1:
+    out = one(*_batch.take(flat, 0), plan)
+    return jax.tree_util.tree_map(lambda a: jnp.reshape(a, (1,)), out)
+  return many(*flat, plan, _chunk(plan, batch_size))
+
+
+def _planned(quantity, flat, planner, size_cache, batch_size):
+  """``_run`` on a plan made for ``flat`` by ``planner``; what a certificate could not serve is
+  rerun: on a wider window (twice at most) after WINDOW_TOO_SMALL, and, in a batch, a setting
+  whose certificate failed on the shared plan on a plan of its own (the tighter upper kept)."""
+  plan = planner(*flat)
+  result = _run(quantity, flat, plan, batch_size)
+  for _ in range(2):
+    if not np.any(np.asarray(result.status) & WINDOW_TOO_SMALL):
+      break
+    wider = _plan.widen(plan, size_cache)
+    if wider is None:  # (as wide as float64 serves: the widened bounds stand)
+      break
+    plan = wider
+    result = _run(quantity, flat, plan, batch_size)
+  failed = np.flatnonzero(np.asarray(result.status) & _SHARED_PLAN_FAILED)
+  if np.size(result.status) == 1 or failed.size == 0:
+    return result
+  fields = {name: np.array(getattr(result, name)) for name in _FIELDS}
+  for i in failed:
+    own = _planned(quantity, _batch.select(flat, [i]), planner, size_cache, batch_size)
+    if float(own.upper[0]) <= fields["upper"][i]:
+      for name in _FIELDS:
+        fields[name][i] = np.asarray(getattr(own, name))[0]
+  return Bounds(**fields)
+
+
+def _no_steps(flat_composition):
+  """Per setting of a flat batch (host values): True where every count is 0."""
+  counts = np.stack([np.asarray(c) for c in flat_composition.counts])
+  return np.all(counts == 0.0, axis=0)
+
+
+def _answer(quantity, composition, x, plan, planner, size_cache, batch_size):
+  """The front door's one pass: flatten, answer settings of no steps, plan and run the rest."""
+  flat, shape = _batch.flatten((composition, x))
+  if is_traced(flat):
+    if plan is None:
+      raise ValueError("under jit/vmap/grad the inputs are traced and cannot be used to plan the "
+                       "grid: pass plan=jaxacct.make_plan(...) (or dpsgd_plan) for the worst case")
+    return _batch.reshaped(_run(quantity, flat, plan, batch_size), shape)
+  empty = _no_steps(flat[0])
+  busy = np.flatnonzero(~empty)
+  if busy.size == empty.size:
+    part = flat
+  else:
+    part = _batch.select(flat, busy)
+  if busy.size == 0:
+    result = None
+  elif plan is not None:
+    result = _run(quantity, part, plan, batch_size)
+  else:
+    result = _planned(quantity, part, planner, size_cache, batch_size)
+  if busy.size == empty.size:
+    return _batch.reshaped(result, shape)
+  # Settings of no steps: epsilon = delta = 0 exactly (no privacy loss), every certificate held.
+  fields = {name: np.zeros(empty.size, np.int32 if name == "status" else np.float64)
+            for name in _FIELDS}
+  if result is not None:
+    for name in _FIELDS:
+      fields[name][busy] = np.asarray(getattr(result, name))
+  return Bounds(**{name: jnp.asarray(value.reshape(shape)) for name, value in fields.items()})
+
+
+def _planner(eps_error, delta_error, size_cache, smallest_delta=None):
+  """Plans a flat batch for its worst case (for delta queries: down to ``smallest_delta``)."""
+  def plan(composition, x):
+    return _plan.make_plan(composition, x if smallest_delta is None else smallest_delta,
+                           eps_error, delta_error, size_cache)
+  return plan
+
+
+def _check_accuracy(eps_error, delta_error):
+  check_range("eps_error", eps_error, 0.0, 1.0, high_open=False)
+  check_range("delta_error", delta_error, 0.0, 1.0)
+
+
+@float64
+def make_plan(composition, delta, *, eps_error=0.01, delta_error=1e-3,
+              size_cache=None) -> _plan.Plan:
+  """Accuracy plan serving ``composition`` (or a batched sweep of it) down to ``delta``.
+
+  The certified bracket upper - lower is about 2 * ``eps_error``; ``delta_error`` is the lower
+  bound's delta slack as a fraction of delta. The plan's grid sizes are static: one compiled
+  accountant serves every setting the plan covers. A plan depends only on these inputs unless a
+  ``size_cache`` (``jaxacct.pld.SizeCache``) is given, which lets nearby plans reuse compiled
+  sizes.
+  """
+  composition = checked(composition, integer_counts=True)
+  delta = as_leaf(delta)
+  check_delta(delta)
+  _check_accuracy(eps_error, delta_error)
+  return _plan.make_plan(composition, delta, eps_error, delta_error, size_cache)
+
+
+@float64
+def compose(composition, *, delta=1e-10, eps_error=0.01, delta_error=1e-3, plan=None,
+            size_cache=None) -> PrivacyLossDistribution:
+  """Composed privacy-loss distribution of one setting, reusable for many queries and
+  ``append``.
+
+  ``delta`` is the smallest delta the PLD will be asked about (it sizes the grid).
+  """
+  composition = checked(composition, integer_counts=True)
+  check_delta(delta)
+  _check_accuracy(eps_error, delta_error)
+  if _batch.batch_shape(composition) != ():
+    raise ValueError("compose takes one setting (scalar parameters and counts); for a batch of "
+                     "settings use epsilon or delta")
+  if plan is None:
+    if is_traced(composition):
+      raise ValueError("under jit/vmap/grad pass plan=jaxacct.make_plan(...)")
+    plan = _plan.make_plan(composition, delta, eps_error, delta_error, size_cache)
+  return _compose(jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float64), composition),
+                  plan)
+
+
+@float64
+def epsilon(composition, delta, *, eps_error=0.01, delta_error=1e-3, plan=None,
+            batch_size=None, size_cache=None) -> Bounds:
+  """Certified epsilon(delta) of a composition by the PLD accountant (worse adjacency direction).
+
+  Args:
+    composition: a ``Composition``, a model, or a list of (model, count) entries; counts are
+      whole numbers. Leaves may be arrays: the result is batched over their broadcast shape.
+    delta: target delta in (0, 1), broadcast with the composition.
+    eps_error: target half-width of the certified bracket (upper - lower ~ 2 eps_error).
+    delta_error: the lower bound's delta slack, as a fraction of delta.
+    plan: a ``Plan`` (required under jit/vmap/grad); planned for the worst case if omitted.
+    batch_size: settings per vectorised chunk of a batch (memory bound); automatic if omitted.
+    size_cache: a ``SizeCache`` shared by calls that should reuse compiled programs.
+  Returns:
+    ``Bounds`` (lower, estimate, upper, status), float64, batched like the inputs.
+  """
+  composition = checked(composition, integer_counts=True)
+  delta = as_leaf(delta)
+  check_delta(delta)
+  _check_accuracy(eps_error, delta_error)
+  planner = _planner(eps_error, delta_error, size_cache)
+  return _answer("epsilon", composition, delta, plan, planner, size_cache, batch_size)
+
+
+@float64
+def delta(composition, epsilon, *, smallest_delta=1e-10, eps_error=0.01, delta_error=1e-3,
+          plan=None, batch_size=None, size_cache=None) -> Bounds:
+  """Certified delta(epsilon) of a composition by the PLD accountant (worse direction).
+
+  ``smallest_delta`` sizes the grid: answers below it are valid but their relative accuracy
+  degrades. Other arguments as in ``epsilon``.
+  """
+  composition = checked(composition, integer_counts=True)
+  epsilon = as_leaf(epsilon)
+  check_epsilon(epsilon)
+  check_delta(smallest_delta, "smallest_delta")
+  _check_accuracy(eps_error, delta_error)
+  planner = _planner(eps_error, delta_error, size_cache, smallest_delta)
+  return _answer("delta", composition, epsilon, plan, planner, size_cache, batch_size)

@@ -1,0 +1,299 @@
+"""Accuracy plans: the static grid sizes of the PLD accountant, chosen on the host.
+
+A ``Plan`` holds the grid step, tail levels and static sizes that one compiled accountant serves.
+``make_plan`` sizes it for the worst case of a (batched) composition from a coarse planning pass
+in numpy (nothing is compiled); ``widen`` and per-setting plans are the planner's answers when a
+certificate fails on a plan (``jaxacct.pld.accountant`` runs that policy). A plan is a pure
+function of its inputs, unless a ``SizeCache`` is passed: then static sizes already compiled (in
+that cache) are reused when they fit, so nearby settings share one compiled program.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import numpy as np
+
+from jaxacct import _batch
+from jaxacct._inputs import check_range
+from jaxacct._numerics import LOSS_BIG
+from jaxacct.pld.discretise import MAX_SPAN, TILTS, grid_cgf, split, window_edges
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """Accuracy plan: static grid sizes plus the (array) grid step and tail levels.
+
+  Build it with ``make_plan`` for the worst case a sweep must serve (largest count, smallest
+  sigma, largest rate, smallest delta); the certificates are checked for the actual traced
+  values, so a plan that is too small widens the bounds (with a status bit), never falsifies them.
+  """
+
+  # (Arrays: numpy float64 from make_plan, any float64 array or tracer otherwise.)
+  grid_step: jax.Array        # h, the loss grid step
+  log_tail: jax.Array         # per step, log of the loss mass allowed outside its grid
+  log_window_tail: jax.Array  # log of the composed mass allowed outside the FFT window
+  delta_error: jax.Array      # lower bound slack eta as a fraction of the queried delta
+  per_step_size: int = dataclasses.field(metadata=dict(static=True))
+  fft_size: int = dataclasses.field(metadata=dict(static=True))
+  # Spectrum coefficients k < low_frequencies are computed directly (spectrum.low_log_spectrum)
+  # from block moments over blocks of ``block`` grid points.
+  low_frequencies: int = dataclasses.field(default=1, metadata=dict(static=True))
+  block: int = dataclasses.field(default=1, metadata=dict(static=True))
+  # Spectrum coefficients k >= band are dropped when provably negligible (spectrum._high_band).
+  band: int = dataclasses.field(default=0, metadata=dict(static=True))
+
+  def __post_init__(self):
+    if not self.low_frequencies <= self.band <= self.fft_size // 2 + 1:
+      object.__setattr__(self, "band", self.fft_size // 2 + 1)
+
+  @property
+  def sizes(self):
+    """The static sizes (what decides which compiled program serves this plan)."""
+    return (self.per_step_size, self.fft_size, self.low_frequencies, self.block, self.band)
+
+
+class SizeCache:
+  """Static sizes of the plans made with it, offered for reuse by later plans.
+
+  Pass one ``SizeCache`` to a sequence of ``make_plan`` (or front-door) calls: a new plan then
+  reuses sizes within 2x of its grid sizes and 1-4x of its bands' needs, so nearby settings share
+  one compiled program (a second setting takes milliseconds instead of a compilation). Without
+  a cache a plan depends only on its own inputs.
+  """
+
+  def __init__(self):
+    self._used = set()
+
+  def __len__(self):
+    return len(self._used)
+
+  def add(self, sizes):
+    self._used.add(tuple(sizes))
+
+  def fitting(self, fits):
+    """The smallest cached sizes for which ``fits(sizes)`` holds, or None."""
+    reusable = [sizes for sizes in self._used if fits(sizes)]
+    return min(reusable, key=lambda t: (t[1], t[0], t[2], t[3])) if reusable else None
+
+
+def _ladder(n: int, minimum: int = 64) -> int:
+  """Rounds n up to 2^k x {16, 18, 20, 24, 27, 30, 32} / 16: sizes <= 12.5% apart whose only
+  prime factors are 2, 3 and 5 (fast FFTs), few enough that compiled programs get reused."""
+  n = max(int(n), minimum)
+  k = max(n.bit_length() - 5, 0)
+  for mult in (16, 18, 20, 24, 27, 30, 32):
+    if mult << k >= n:
+      return mult << k
+  raise AssertionError("unreachable")
+
+
+_PLAN_POINTS = 2048  # points of the planning pass's coarse grid for each step
+_PLAN_CHUNK = 256    # model settings per block of the planning pass (~4 MB per [settings, points])
+_COMBINE_CHUNK = 4096  # settings per block when entries are combined with their counts
+
+
+def _per_setting(mech, method, args):
+  """``mech.method(*args_i)`` for each setting i of a flat batch of models (rows of ``args``),
+  stacked: [settings, outputs, ...]. A model is called one setting at a time, as in the
+  accountant (its parameters scalars, its event fields vectors)."""
+  rows = []
+  for i, row in enumerate(zip(*args)):
+    one = _batch.take(mech, i)
+    rows.append(np.stack([np.broadcast_to(np.asarray(v, np.float64), np.shape(row[0]))
+                          for v in getattr(one, method)(*row)]))
+  return np.stack(rows)
+
+
+def _entry_stats(mech, flags, log_tail):
+  """Per setting of one entry's model (over the model's own batch shape) and direction: the
+  width of its loss range, the exact log-MGF of its coarse connect-the-dots step at +-TILTS and
+  that step's variance. Each step is split as in ``discretise`` (``split``, without its round-off
+  guard) on a coarse grid of ``_PLAN_POINTS`` points spanning its range."""
+  flat, shape = _batch.flatten(jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), mech))
+  settings = math.prod(shape)
+  width = np.zeros(settings)
+  cgf = np.zeros((len(flags), settings, 2, len(TILTS)))
+  variance = np.zeros((len(flags), settings))
+  for first in range(0, settings, _PLAN_CHUNK):
+    block = _batch.select(flat, np.arange(first, min(first + _PLAN_CHUNK, settings)))
+    rows = slice(first, first + _PLAN_CHUNK)
+    size = len(range(settings)[rows])
+    for d, add in enumerate(flags):
+      add = np.full(size, add)
+      lo, hi = np.split(_per_setting(block, "loss_range", (np.full(size, log_tail), add)), 2,
+                        axis=1)
+      lo = np.clip(lo, -LOSS_BIG / 2, LOSS_BIG / 2)
+      hi = np.clip(hi, lo + 1e-12, LOSS_BIG / 2)
+      width[rows] = np.maximum(width[rows], (hi - lo)[:, 0])
+      h = np.maximum((hi - lo) / (_PLAN_POINTS - 8), 1e-9)
+      start = np.floor(lo / h) - 1.0
+      t = (start + np.arange(_PLAN_POINTS)) * h
+      cdf_sf = np.moveaxis(_per_setting(block, "cdf_sf", (np.minimum(t, np.ceil(hi / h) * h),
+                                                           add)), 1, 0)
+      pmf = split(cdf_sf, t, h, guard_ulps=0.0)[0]
+      cgf[d, rows] = grid_cgf(pmf, start[:, 0], h[:, 0])
+      weights = pmf / np.sum(pmf, axis=1, keepdims=True)
+      mean = np.sum(weights * t, axis=1, keepdims=True)
+      variance[d, rows] = np.sum(weights * (t - mean) ** 2, axis=1)
+  unflat = lambda a, lead=0: a.reshape(a.shape[:lead] + shape + a.shape[lead + 1:])
+  return unflat(width), unflat(cgf, 1), unflat(variance, 1)
+
+
+def _plan_widths(composition, flags, log_tail, log_window_tail):
+  """Per setting of a (batched) composition: widest per-step loss range, width of the composed
+  window and the count-weighted mean variance of a step's loss (+inf for a setting of no steps,
+  which constrains nothing). On the host (numpy: nothing is compiled; a model written with
+  jax.numpy alone runs eagerly here).
+
+  Each entry's model is evaluated once per setting of its own batch shape (a model shared by a
+  batch of count vectors once in all), then combined with the counts; the window comes from the
+  same Chernoff rule as in ``spectrum.materialise``. (These only size the plan: the accountant
+  checks its own window and widens the plan if the composed loss outgrows it.)
+  """
+  shape = _batch.batch_shape(composition)
+  stats = [_entry_stats(mech, flags, log_tail) for mech in composition.mechanisms]
+  counts = [np.broadcast_to(np.asarray(c, np.float64), shape).reshape(-1)
+            for c in composition.counts]
+  settings = math.prod(shape)
+  widest, window, variance = np.zeros(settings), np.zeros(settings), np.full(settings, np.inf)
+
+  def index(own):  # each setting's row in a model's own (flattened) batch
+    rows = np.arange(math.prod(own)).reshape((1,) * (len(shape) - len(own)) + own)
+    return np.broadcast_to(rows, shape).reshape(-1)
+
+  flat_stats = []
+  for width, cgf, var in stats:
+    own = width.shape
+    flat_stats.append((index(own), width.reshape(-1), cgf.reshape((len(flags), -1, 2, len(TILTS))),
+                       var.reshape((len(flags), -1))))
+  for first in range(0, settings, _COMBINE_CHUNK):
+    rows = slice(first, first + _COMBINE_CHUNK)
+    for at, width, _, _ in flat_stats:
+      widest[rows] = np.maximum(widest[rows], width[at[rows]])
+    for d in range(len(flags)):
+      cgf, spread_sum, total = 0.0, 0.0, 0.0
+      for count, (at, _, entry_cgf, entry_var) in zip(counts, flat_stats):
+        k = count[rows]
+        cgf = cgf + np.where(k[:, None, None] > 0, k[:, None, None] * entry_cgf[d, at[rows]], 0.0)
+        spread_sum = spread_sum + k * entry_var[d, at[rows]]
+        total = total + k
+      bottom, top = window_edges(cgf, log_window_tail)
+      window[rows] = np.maximum(window[rows], top - bottom)
+      variance[rows] = np.minimum(variance[rows], np.where(
+          total > 0, spread_sum / np.maximum(total, 1.0), np.inf))
+  return widest, window, variance
+
+
+# New bands get headroom: 2x for the band (it costs little), 1.25x for the low band (its direct
+# sums cost ~ its square: ~5% of a warm call): with a SizeCache, one program serves a sweep of
+# sigma over ~20-25% planned one setting at a time.
+_LOW_HEADROOM = 1.25
+
+
+def _static_sizes(per_step: int, fft: int, sd_bins: float, composed_sd_bins: float,
+                  log_window_tail: float, cache: SizeCache | None):
+  """(per_step, fft, low, block, band) for the needed grid sizes: a cached set if one fits."""
+  def needs(n):  # low band and band needed on an FFT of n points
+    return _low_band(n, sd_bins), _band(n, composed_sd_bins, log_window_tail)
+
+  def fits(sizes):
+    m, n, low, band = sizes
+    need_low, need_band = needs(n)
+    return (per_step <= m <= 2 * per_step and fft <= n <= 2 * fft
+            and need_low <= low <= max(4 * need_low, 16) and need_band <= band <= 4 * need_band)
+
+  reused = None if cache is None else cache.fitting(fits)
+  if reused is not None:
+    m, n, low, band = reused
+  else:
+    m, n = per_step, fft
+    need_low, need_band = needs(n)
+    low = min(n // 2 + 1, 2 * need_low if need_low <= 8
+              else _ladder(_LOW_HEADROOM * need_low, minimum=8))
+    band = min(n // 2 + 1, _ladder(2 * need_band, minimum=16))
+  if cache is not None:
+    cache.add((m, n, low, band))
+  return m, n, low, _block(n, low), max(low, band)
+
+
+def make_plan(composition, delta, eps_error=0.01, delta_error=1e-3, size_cache=None) -> Plan:
+  """Accuracy plan for ``composition`` (concrete, checked; batched leaves = a sweep to serve).
+
+  The grid step makes the certified bracket upper - lower about 2 * ``eps_error`` at the smallest
+  ``delta``; the window holds all but a 1e-2 * delta_error * delta fraction of the composed mass.
+  """
+  check_range("eps_error", eps_error, 0.0, 1.0, high_open=False)
+  check_range("delta_error", delta_error, 0.0, 1.0)
+  with jax.enable_x64(True):
+    delta = float(np.min(np.asarray(delta, dtype=np.float64)))
+    total = float(sum(np.max(np.asarray(c, dtype=np.float64)) for c in composition.counts))
+    eta = delta_error * delta
+    log_tail = math.log(1e-3 * eta / max(total, 1.0))
+    log_window_tail = math.log(1e-2 * eta)
+    # Bracket ~ T beta(h) + h (sqrt(T log(1/eta)/2) + 1 + a few guard moves), beta(h) ~ h^2/8.
+    target = 1.8 * eps_error  # the rest of 2 eps_error: the delta slack of the lower bound
+    slope = math.sqrt(0.5 * total * math.log(1.0 / eta)) + 5.0
+    curvature = total / 8.0
+    h = 2.0 * target / (slope + math.sqrt(slope * slope + 4.0 * curvature * target))
+    flags = np.array([0.0] if composition.symmetric else [0.0, 1.0])
+    with np.errstate(all="ignore"):  # numpy evaluates both sides of the models' selects
+      ranges, windows, variances = _plan_widths(composition, flags, np.float64(log_tail),
+                                                np.float64(log_window_tail))
+    # The split adds ~h^2/6 of variance per step; keep that below 1e-4 of the loss variance so the
+    # estimate stays accurate when a step's loss is narrower than the grid (small q, large sigma).
+    # (At most 64x finer: a degenerate loss, e.g. a point mass, is not refined without end.)
+    variance = float(np.min(variances))
+    h = max(min(h, math.sqrt(6e-4 * variance)), h / 64.0)
+    per_step = _ladder(math.ceil(float(np.max(ranges)) / h) + 3)
+    fft = _ladder(max(per_step, math.ceil(1.03 * float(np.max(windows)) / h) + 16))
+    if fft * h > MAX_SPAN:
+      raise ValueError(f"the composed privacy loss spans {fft * h:.0f} units: epsilon is far "
+                       "beyond what this accountant serves (reduce steps or raise the noise)")
+    if fft > 2**26:
+      raise ValueError(f"the plan needs an FFT of {fft} points; raise eps_error (now {eps_error})")
+    per_step, fft, low, block, band = _static_sizes(
+        per_step, fft, math.sqrt(variance) / h, math.sqrt(total * variance) / h, log_window_tail,
+        size_cache)
+    return Plan(*(np.asarray(v, np.float64) for v in (h, log_tail, log_window_tail, delta_error)),
+                per_step, fft, low, block, band)
+
+
+def _low_band(fft: int, sd_bins: float) -> int:
+  """Coefficients computed directly: those with 1 - |F_k| < ~1e-2 for a step of ``sd_bins``
+  grid points' spread (where round-off is amplified > ~40x)."""
+  low = int(min(fft // 2 + 1, max(2, math.ceil(0.0225 * fft / max(sd_bins, 1e-9)) + 2)))
+  low = _ladder(low, minimum=8) if low > 8 else low
+  return min(low, fft // 2 + 1)
+
+
+def _block(fft: int, low: int) -> int:
+  """Block size of the low band's moments: theta b <= 0.05 for every frequency below ``low``."""
+  return max(1, int(0.05 * fft / (2.0 * math.pi * low)))
+
+
+def _band(fft: int, sd_bins: float, log_window_tail: float) -> int:
+  """Spectrum coefficients kept when the rest is negligible: for a composed loss of ``sd_bins``
+  grid points' spread, a Gaussian's |F_k| = exp(-2 pi^2 k^2 sd^2 / n^2) falls below the window
+  level near k = n sqrt(level / 2) / (pi sd); four times that (a composition that is not yet
+  Gaussian-like only takes the slower full-spectrum branch, see spectrum._high_band)."""
+  level = -log_window_tail + 0.5 * math.log(fft) + 5.0
+  k = 4.0 * fft * math.sqrt(0.5 * level) / (math.pi * max(sd_bins, 1e-9)) + 16
+  return min(fft // 2 + 1, _ladder(k, minimum=16))
+
+
+def widen(plan: Plan, size_cache: SizeCache | None = None) -> Plan | None:
+  """The same plan with a twice larger FFT window (after a WINDOW_TOO_SMALL status); None when
+  that window would span more loss than float64 serves (``MAX_SPAN``)."""
+  fft = _ladder(2 * plan.fft_size)
+  if fft * float(plan.grid_step) > MAX_SPAN:
+    return None
+  low = min(2 * plan.low_frequencies, fft // 2 + 1)
+  band = min(2 * plan.band, fft // 2 + 1)
+  if size_cache is not None:
+    size_cache.add((plan.per_step_size, fft, low, band))
+  return dataclasses.replace(plan, fft_size=fft, low_frequencies=low, block=_block(fft, low),
+                             band=band)
