@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxacct._numerics import array_namespace, fast_jit, is_traced, scoped_gradients
+from jaxacct.results import Bounds
 
 
 def event_field(**kwargs):
@@ -106,39 +107,70 @@ def reshaped(out, shape):
   return jax.tree_util.tree_map(lambda a: a.reshape(shape + a.shape[1:]), out)
 
 
-def vectorised(single, chunk):
-  """``single(composition, x)`` over the broadcast batch shape of its inputs: the batching every
-  accountant's front door shares.
-
-  A scalar batch is one compiled call. A batch runs as one compiled ``vmap`` per block: full
-  blocks of ``chunk`` settings and a remainder padded to the next power of two (so a few programs
-  serve every batch size, memory stays bounded and padding at most doubles a small batch's work).
-  Under a caller's transformation (traced inputs) the batch is a ``lax.map`` in the caller's
-  program.
-  """
+def blockwise(single, chunk):
+  """``single(composition, x)`` (one setting) as a function of a flat batch, compiled once per
+  block shape: full blocks of ``chunk`` settings and a remainder padded to the next power of two
+  (so a few programs serve every batch size, memory stays bounded and padding at most doubles a
+  small batch's work). One setting is one compiled call; under a caller's transformation (traced
+  inputs) a batch is a ``lax.map`` in the caller's program. Outputs keep the leading axis."""
   one = fast_jit(scoped_gradients(single))
   block = fast_jit(scoped_gradients(jax.vmap(single)))
 
+  def run(flat):
+    size = jax.tree_util.tree_leaves(flat)[0].shape[0]
+    if size == 1:
+      return jax.tree_util.tree_map(lambda a: jnp.reshape(a, (1,) + jnp.shape(a)),
+                                    one(*take(flat, 0)))
+    if is_traced(flat):
+      return jax.lax.map(lambda el: single(*el), flat, batch_size=min(size, chunk))
+    parts = []
+    for start in range(0, size, chunk):
+      n = min(chunk, size - start)
+      pad = (1 << (n - 1).bit_length()) - n
+
+      def padded(a):
+        part = a[start:start + n]
+        return jnp.concatenate([part, jnp.repeat(part[-1:], pad, axis=0)])
+
+      part = jax.tree_util.tree_map(padded, flat)
+      parts.append(jax.tree_util.tree_map(lambda a: a[:n], block(*part)))
+    return jax.tree_util.tree_map(lambda *p: jnp.concatenate(p), *parts)
+
+  return run
+
+
+def vectorised(single, chunk):
+  """``single(composition, x)`` over the broadcast batch shape of its inputs (``blockwise``)."""
+  run = blockwise(single, chunk)
+
   def call(composition, x):
     flat, shape = flatten((composition, x))
-    if shape == ():
-      return one(*take(flat, 0))
-    size = int(np.prod(shape))
-    if is_traced(flat):
-      out = jax.lax.map(lambda el: single(*el), flat, batch_size=min(size, chunk))
-    else:
-      parts = []
-      for start in range(0, size, chunk):
-        n = min(chunk, size - start)
-        pad = (1 << (n - 1).bit_length()) - n
-
-        def padded(a):
-          part = a[start:start + n]
-          return jnp.concatenate([part, jnp.repeat(part[-1:], pad, axis=0)])
-
-        part = jax.tree_util.tree_map(padded, flat)
-        parts.append(jax.tree_util.tree_map(lambda a: a[:n], block(*part)))
-      out = jax.tree_util.tree_map(lambda *p: jnp.concatenate(p), *parts)
-    return reshaped(out, shape)
+    return reshaped(run(flat), shape)
 
   return call
+
+
+def _no_steps(flat_composition):
+  """Per setting of a flat batch (host values): True where every count is 0."""
+  counts = np.stack([np.asarray(c) for c in flat_composition.counts])
+  return np.all(counts == 0.0, axis=0)
+
+
+def answer(run, composition, x):
+  """The accountants' shared front-door pass: ``run`` (a function of a flat batch returning flat
+  ``Bounds``) over the broadcast batch of (composition, x). Settings of no steps lose no privacy:
+  they are answered at once, epsilon = delta = 0 (every bound exact), and never run."""
+  flat, shape = flatten((composition, x))
+  if is_traced(flat):
+    return reshaped(run(flat), shape)
+  empty = _no_steps(flat[0])
+  busy = np.flatnonzero(~empty)
+  if busy.size == empty.size:
+    return reshaped(run(flat), shape)
+  fields = {name: np.zeros(empty.size, np.int32 if name == "status" else np.float64)
+            for name in ("lower", "estimate", "upper", "status")}
+  if busy.size:
+    result = run(select(flat, busy))
+    for name in fields:
+      fields[name][busy] = np.asarray(getattr(result, name))
+  return Bounds(**{name: jnp.asarray(value.reshape(shape)) for name, value in fields.items()})

@@ -71,3 +71,13 @@ def check_unused(accountant, **options):
   if given:
     raise ValueError(f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to the "
                      f"{accountant!r} accountant (only to 'pld')")
+
+
+def check_broadcast(**named):
+  """Raises ValueError naming the parameters whose shapes do not broadcast together."""
+  shapes = {name: np.shape(value) for name, value in named.items()}
+  try:
+    np.broadcast_shapes(*shapes.values())
+  except ValueError:
+    listed = ", ".join(f"{name} {shape}" for name, shape in shapes.items() if shape)
+    raise ValueError(f"shapes do not broadcast: {listed}") from None

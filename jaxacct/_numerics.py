@@ -18,14 +18,20 @@ F64_EPS = float(np.finfo(np.float64).eps)
 # Loss values beyond +-LOSS_BIG carry no mass for any supported model; clamping edges there keeps
 # every intermediate finite (and every gradient free of inf * 0).
 LOSS_BIG = 1.0e4
-# Log of the smallest normal float64: an upper bound exp'd below it would read 0.0.
-LOG_TINY = float(np.log(np.finfo(np.float64).tiny))
+# The smallest normal float64 and its log: an upper bound exp'd below it would read 0.0.
+TINY = float(np.finfo(np.float64).tiny)
+LOG_TINY = float(np.log(TINY))
 
 
 def exp_upper(log_value):
   """exp of the log of an upper bound, never below the smallest normal float64: exp would
   return 0.0 there, which is below any positive true value (and so not an upper bound)."""
-  return jnp.exp(jnp.maximum(log_value, LOG_TINY))
+  return jnp.where(log_value < LOG_TINY, TINY, jnp.exp(jnp.maximum(log_value, LOG_TINY)))
+
+
+def floored_status(log_value, bit):
+  """``bit`` (results.UPPER_FLOORED) where ``exp_upper`` floors ``log_value``, else 0."""
+  return jnp.where(log_value < LOG_TINY, bit, 0).astype(jnp.int32)
 
 
 _HOST_TYPES = (np.ndarray, np.generic, float, int, bool)
@@ -80,10 +86,13 @@ def scoped_gradients(fn, nondiff_argnums=()):
 
   A scoped float64 forward pass is not enough for ``grad``: the backward pass runs after the
   scope has closed (when JAX transposes), where float64 would be silently truncated to float32.
-  A ``custom_vjp`` whose fwd and bwd both enter the scope keeps every gradient in float64. Only
-  the inputs being differentiated are differentiated inside (symbolic zeros): a step count that
-  is not differentiated stays a constant, so the PLD accountant's refusal to differentiate
-  counts fires only when one is.
+  A ``custom_vjp`` whose fwd and bwd both enter the scope keeps every gradient in float64.
+
+  Only what is differentiated is differentiated (symbolic zeros): inputs that are not
+  (a step count stays a constant, so the PLD accountant's refusal to differentiate counts fires
+  only when one is), and outputs that are not (the linearised function is transposed for the
+  outputs whose cotangent is nonzero only, so an unused bound that is nan or +inf cannot turn a
+  gradient of the estimate into nan).
   """
 
   def run(*args):
@@ -92,6 +101,7 @@ def scoped_gradients(fn, nondiff_argnums=()):
 
   wrapped = jax.custom_vjp(run, nondiff_argnums=nondiff_argnums)
   is_primal = lambda x: isinstance(x, jax.custom_derivatives.CustomVJPPrimal)
+  is_zero = lambda x: isinstance(x, jax.custom_derivatives.SymbolicZero)
 
   def fwd(*args):
     with jax.enable_x64(True):
@@ -110,28 +120,34 @@ def scoped_gradients(fn, nondiff_argnums=()):
           full[i] = arg
         return fn(*full)
 
-      out, pullback = jax.vjp(call, *[values[i] for i in moving])
+      primals = [values[i] for i in moving]
+      out, linear = jax.linearize(call, *primals)
+      shapes = [jax.ShapeDtypeStruct(jnp.shape(p), jnp.result_type(p)) for p in primals]
 
-    def back(pullback, cotangent):  # (static structure closed over; pullback is the residual)
+    def back(linear, cotangent):  # (static structure closed over; ``linear`` is the residual)
+      cts, _ = jax.tree_util.tree_flatten(cotangent, is_leaf=is_zero)
+      keep = [i for i, c in enumerate(cts) if not is_zero(c)]
+
+      def kept(*tangents):
+        outs = jax.tree_util.tree_leaves(linear(*tangents))
+        return [outs[i] for i in keep]
+
       grads = [None] * len(values)
-      for i, grad in zip(moving, pullback(cotangent)):
-        grads[i] = grad
+      if keep:
+        moved = jax.linear_transpose(kept, *shapes)([cts[i] for i in keep])
+        for i, grad in zip(moving, moved):
+          grads[i] = grad
       return tuple(jax.tree_util.tree_unflatten(treedef, grads))
 
-    return out, jax.tree_util.Partial(back, pullback)
-
-  def dense(c):
-    if isinstance(c, jax.custom_derivatives.SymbolicZero):
-      if c.aval.dtype == jax.dtypes.float0:
-        return np.zeros(c.aval.shape, jax.dtypes.float0)
-      return jnp.zeros(c.aval.shape, jnp.float64 if jnp.issubdtype(c.aval.dtype, jnp.floating)
-                       else c.aval.dtype)
-    return c.astype(jnp.float64) if jnp.issubdtype(c.dtype, jnp.floating) else c
+    return out, jax.tree_util.Partial(back, linear)
 
   def bwd(*rest):
     residual, cotangent = rest[-2], rest[-1]
     with jax.enable_x64(True):
-      return residual(jax.tree_util.tree_map(dense, cotangent))
+      cotangent = jax.tree_util.tree_map(
+          lambda c: c if is_zero(c) or not jnp.issubdtype(c.dtype, jnp.floating)
+          else c.astype(jnp.float64), cotangent, is_leaf=is_zero)
+      return residual(cotangent)
 
   wrapped.defvjp(fwd, bwd, symbolic_zeros=True)
 

@@ -25,8 +25,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
-from jaxacct import models, results
+from jaxacct import _batch, models, results
+from jaxacct._numerics import is_traced
 from jaxacct.composition import Composition
+from jaxacct.composition import checked as checked_composition
+from jaxacct.results import Bounds
 
 
 _MOMENT_PANELS = 48
@@ -164,36 +167,57 @@ def cumulants(composition: Composition, t, add=False, nodes=None):
 
 
 def check_cgf(composition: Composition):
-  """Raises ValueError for entries whose CGF is infinite or not modelled (concrete inputs)."""
+  """Raises ValueError for entries whose CGF is infinite (an atom at infinite loss, e.g.
+  (epsilon, delta)-DP with delta > 0) or not modelled (concrete inputs)."""
   for mech in composition.mechanisms:
     inner = mech.base if isinstance(mech, models.PoissonSampled) else mech
-    if isinstance(inner, models.EpsilonDelta):
-      try:
-        has_delta = bool(np.any(np.asarray(inner.delta) > 0.0))
-      except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
-        continue
-      if has_delta:
-        raise ValueError("(epsilon, delta)-DP with delta > 0 has an infinite cumulant generating "
-                         "function: use the PLD accountant (accountant='pld')")
-    if not isinstance(inner, (models.Gaussian, models.Laplace, models.EpsilonDelta,
-                              models.SampledGaussianReplaceOne)):
-      raise ValueError(f"no cumulant generating function for {type(inner).__name__}")
+    if type(inner).loss_nodes is models.PrivacyLoss.loss_nodes:
+      raise ValueError(f"no cumulant generating function for {type(inner).__name__}: use the PLD "
+                       "accountant (accountant='pld')")
+    if is_traced(mech):
+      continue
+    with jax.enable_x64(True):
+      atoms = [np.asarray(mech.inf_mass(add)) for add in (False, True)]
+    if any(np.any(atom > 0.0) for atom in atoms):
+      raise ValueError(f"{type(inner).__name__} with mass at infinite privacy loss (e.g. "
+                       "(epsilon, delta)-DP with delta > 0) has an infinite cumulant generating "
+                       "function: use the PLD accountant (accountant='pld')")
+
+
+def checked(composition) -> Composition:
+  """The CGF accountants' input check: models' parameters, real counts >= 0, a finite CGF."""
+  composition = checked_composition(composition, integer_counts=False)
+  check_cgf(composition)
+  return composition
 
 
 def _worst_direction(composition: Composition, fn, arg, method):
   """``fn(composition, arg, method, add)`` for each adjacency direction (vmapped over the flag;
-  one direction for a symmetric composition), the worse guarantee kept (``results.worst_of``)."""
+  one direction for a symmetric composition), the worse guarantee kept (``results.worst_of``).
+  A composition of no steps is exactly 0 (no privacy loss)."""
   flags = jnp.array([0.0] if composition.symmetric else [0.0, 1.0])
   per_direction = jax.vmap(lambda add: fn(composition, arg, method, add))(flags)
   out = jax.tree_util.tree_map(lambda x: x[0], per_direction)
   for i in range(1, flags.shape[0]):
     out = results.worst_of(out, jax.tree_util.tree_map(lambda x: x[i], per_direction))
-  return out
+  return results.zero_if(total_count(composition) == 0, out)
 
 
-def worst_direction(composition: Composition, fn, x, method):
-  """The CGF accountants' query: ``_worst_direction`` at each entry of ``x`` (eps or delta, any
-  shape; vectorised), as float64 ``Bounds`` shaped like ``x``."""
-  x = jnp.asarray(x, jnp.float64)
-  one = lambda v: _worst_direction(composition, fn, v, method)
-  return jnp.vectorize(one, signature="()->()")(x) if x.ndim else one(x)
+def total_count(composition: Composition):
+  """The number of steps of a composition (a float64 array; real counts allowed)."""
+  return sum(jnp.asarray(c, jnp.float64) for c in composition.counts)
+
+
+_CHUNK = 64  # settings per vmapped block of a CGF accountant's batch
+_RUNNERS = {}
+
+
+def query(fn, method, composition, x) -> Bounds:
+  """A CGF accountant's answer over the broadcast batch of (composition, x): ``fn(composition,
+  x, method, add)`` per setting and direction, the worse direction kept, compiled once per
+  (fn, method) and block shape."""
+  key = (fn, method)
+  if key not in _RUNNERS:
+    _RUNNERS[key] = _batch.blockwise(lambda comp, v: _worst_direction(comp, fn, v, method),
+                                     _CHUNK)
+  return _batch.answer(_RUNNERS[key], composition, x)

@@ -5,8 +5,10 @@
     jaxacct epsilon --accountant spa ...      (saddle point; see ``jaxacct compare``)
     jaxacct compare --noise-multiplier 1.0 --sampling-rate 0.01 --steps 10000 --delta 1e-5
 
-Bad input prints one line on stderr and exits with status 2. Compiled programs are cached in
-``~/.cache/jaxacct`` (set ``JAXACCT_NO_CACHE=1`` to disable) so later runs start faster.
+Bad input prints one line on stderr and exits with status 2 (every command, ``compare`` too).
+``--json`` prints one JSON object: a bound the method does not give is ``null``, an infinite one
+the string ``"inf"`` (no guarantee). Compiled programs are cached in ``~/.cache/jaxacct`` (set
+``JAXACCT_NO_CACHE=1`` to disable) so later runs start faster.
 """
 
 from __future__ import annotations
@@ -31,15 +33,17 @@ def _parser() -> argparse.ArgumentParser:
                      help="noise standard deviation / clip norm (default 1.0)")
     cmd.add_argument("--sampling-rate", type=float, default=0.01,
                      help="Poisson sampling probability q in (0, 1] (default 0.01)")
-    cmd.add_argument("--steps", type=float, default=10_000, help="number of steps (default 10000)")
+    cmd.add_argument("--steps", type=float, default=10_000,
+                     help="number of steps, a whole number >= 0 (default 10000)")
     if target == "--delta":
       cmd.add_argument("--delta", type=float, default=1e-5, help="target delta (default 1e-5)")
     else:
       cmd.add_argument("--epsilon", type=float, default=1.0, help="target epsilon (default 1)")
     cmd.add_argument("--relation", choices=("add_remove", "replace_one"), default="add_remove",
                      help="neighbouring relation (default add_remove: worse of both directions)")
-    cmd.add_argument("--eps-error", type=float, default=0.01,
-                     help="target half-width of the certified bracket (default 0.01)")
+    cmd.add_argument("--eps-error", type=float, default=None,
+                     help="pld accountant only: target half-width of its certified bracket "
+                          "(default 0.01; refused by the other accountants)")
     if name != "compare":
       cmd.add_argument("--accountant", choices=_ACCOUNTANTS, default="pld",
                        help="pld (certified FFT, default), spa (saddle point), edgeworth, gdp, rdp")
@@ -66,8 +70,8 @@ def _enable_compile_cache():
 def _query(jaxacct, args, accountant, method=None):
   """The requested quantity by one accountant (raises ValueError on bad input)."""
   common = dict(relation=args.relation, accountant=accountant, method=method)
-  if accountant == "pld":
-    common["eps_error"] = args.eps_error
+  if accountant == "pld" or args.command != "compare":
+    common["eps_error"] = args.eps_error  # (compare: the pld rows only)
   if args.command == "delta":
     return jaxacct.dpsgd_delta(args.noise_multiplier, args.sampling_rate, args.steps,
                                args.epsilon, **common)
@@ -75,33 +79,36 @@ def _query(jaxacct, args, accountant, method=None):
                                **common)
 
 
+def _is_number(value):
+  return isinstance(value, float)
+
+
 def _shown(value):
-  return "n/a" if value is None else f"{value:.6g}"
+  return "n/a" if value is None else value if isinstance(value, str) else f"{value:.6g}"
 
 
 def _compare(jaxacct, args, setting):
-  """Every available accountant on one setting: a table (or a JSON object with a list)."""
+  """Every available accountant on one setting: a table (or a JSON object with a list). The
+  inputs are checked first (bad input exits 2 like the other commands)."""
+  from jaxacct import _inputs
+  jaxacct.dpsgd_composition(args.noise_multiplier, args.sampling_rate, args.steps, args.relation)
+  _inputs.check_delta(args.delta)
+  if args.eps_error is not None:
+    _inputs.check_range("eps_error", args.eps_error, 0.0, 1.0, high_open=False)
   rows = []
   for accountant, (_, methods) in jaxacct.api.ACCOUNTANTS.items():
     for method in methods:
-      try:
-        result = _query(jaxacct, args, accountant, method)
-      except ValueError as err:  # e.g. a model this accountant cannot serve
-        rows.append({"accountant": accountant, "method": method, "error": str(err)})
-        continue
+      result = _query(jaxacct, args, accountant, None if len(methods) == 1 else method)
       rows.append(result.to_dict(accountant=accountant, method=method))
   if args.json:
     print(json.dumps({"quantity": "epsilon", "delta": args.delta, **setting, "results": rows}))
     return 0
   label = ", ".join(f"{k}={v}" for k, v in {**setting, "delta": args.delta}.items())
   print(f"epsilon of DP-SGD ({label}):")
-  print(f"  {'accountant':<11}{'method':<8}{'lower':>12}{'estimate':>12}{'upper':>12}  notes")
+  print(f"  {'accountant':<11}{'method':<14}{'lower':>12}{'estimate':>12}{'upper':>12}  notes")
   for row in rows:
-    if "error" in row:
-      print(f"  {row['accountant']:<11}{row['method']:<8}  error: {row['error']}")
-      continue
     notes = "; ".join(row["notes"])
-    print(f"  {row['accountant']:<11}{row['method']:<8}{_shown(row['lower']):>12}"
+    print(f"  {row['accountant']:<11}{row['method']:<14}{_shown(row['lower']):>12}"
           f"{_shown(row['estimate']):>12}{_shown(row['upper']):>12}  {notes}")
   return 0
 
@@ -111,8 +118,9 @@ def main(argv=None) -> int:
   _enable_compile_cache()
   import jaxacct
 
+  steps = int(args.steps) if float(args.steps).is_integer() else args.steps
   setting = {"noise_multiplier": args.noise_multiplier, "sampling_rate": args.sampling_rate,
-             "steps": args.steps, "relation": args.relation}
+             "steps": steps, "relation": args.relation}
   try:
     if args.command == "compare":
       return _compare(jaxacct, args, setting)
@@ -128,7 +136,8 @@ def main(argv=None) -> int:
   label = ", ".join(f"{k}={v}" for k, v in {**setting, **query}.items())
   print(f"{args.command} of DP-SGD ({label}), {args.accountant} accountant:")
   for key in ("lower", "estimate", "upper"):
-    tag = "   <- certified guarantee to report" if key == "upper" else ""
+    tag = ("   <- certified guarantee to report" if key == "upper" and _is_number(out[key])
+           else "   (no guarantee)" if key == "upper" else "")
     print(f"  {key:<9}{_shown(out[key])}{tag}")
   for note in out["notes"]:
     print(f"  note: {note}")

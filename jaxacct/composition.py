@@ -9,7 +9,7 @@ import jax
 
 from jaxacct._inputs import check_range, check_whole
 from jaxacct._numerics import as_leaf
-from jaxacct.models import PrivacyLoss, with_array_fields
+from jaxacct.models import PrivacyLoss
 
 
 @jax.tree_util.register_dataclass
@@ -33,7 +33,7 @@ class Composition:
       if isinstance(entry, PrivacyLoss):
         entry = (entry, 1)
       mech, count = entry
-      mechs.append(with_array_fields(mech))
+      mechs.append(mech)
       counts.append(as_leaf(count))
     return cls(tuple(mechs), tuple(counts))
 

@@ -32,9 +32,10 @@ import jax.numpy as jnp
 from jax.scipy.special import erf, erfc, log_ndtr
 
 from jaxacct import results
+from jaxacct._inputs import check_choice, check_delta, check_epsilon
+from jaxacct._numerics import as_leaf, float64
 from jaxacct._solver import root_in_bracket
-from jaxacct.cgf import law_moments, worst_direction
-from jaxacct.composition import Composition
+from jaxacct.cgf import checked, law_moments, query
 from jaxacct.results import Bounds
 
 METHODS = ("order2", "order1", "order3")
@@ -239,9 +240,10 @@ def _interval(eps, laws):
   delta- = P~ - Delta_P - e^eps min(Q~ + Delta_Q, 1)."""
   tail_p = _scaled_tail(eps, laws[0]["k"], 1, 0.0)
   tail_q = _scaled_tail(eps, laws[1]["k"], 1, 0.0)
-  scale = jnp.exp(eps)
-  upper = jnp.clip(tail_p + laws[2] - scale * jnp.maximum(tail_q - laws[3], 0.0), 0.0, 1.0)
-  return upper, tail_p - laws[2] - scale * jnp.minimum(tail_q + laws[3], 1.0)
+  scale = jnp.exp(eps)  # (+inf beyond eps ~ 709: a zero tail times it is 0, not nan)
+  times = lambda tail: jnp.where(tail > 0.0, scale * tail, 0.0)
+  upper = jnp.clip(tail_p + laws[2] - times(jnp.maximum(tail_q - laws[3], 0.0)), 0.0, 1.0)
+  return upper, tail_p - laws[2] - times(jnp.minimum(tail_q + laws[3], 1.0))
 
 
 def _curves(eps, laws, order):
@@ -337,14 +339,35 @@ def _epsilon_direction(composition, delta, method, add):
   return Bounds(lower, estimate, upper, status.astype(jnp.int32))
 
 
-# ---------------------------------------------------------------- public, pure
+# ---------------------------------------------------------------- public
 
 
-def delta(composition: Composition, eps, method="order2") -> Bounds:
-  """delta(eps) by the Edgeworth accountant (pure; vectorised over ``eps``)."""
-  return worst_direction(composition, _delta_direction, eps, method)
+@float64
+def epsilon(composition, delta, *, method="order2") -> Bounds:
+  """epsilon(delta) by the Edgeworth accountant, worse adjacency direction.
+
+  Args:
+    composition: a ``Composition``, a model, or a list of (model, count) entries; counts may be
+      real numbers (d epsilon / d T exists). Leaves may be arrays: the result is batched over
+      their broadcast shape. Models with mass at infinite loss are refused.
+    delta: target delta in (0, 1), broadcast with the composition.
+    method: the estimate, one of ``METHODS`` ("order2", "order1", "order3").
+  Returns:
+    ``Bounds`` (lower, estimate, upper, status), float64, batched like the inputs.
+  """
+  check_choice("method", method, METHODS)
+  composition = checked(composition)
+  delta = as_leaf(delta)
+  check_delta(delta)
+  return query(_epsilon_direction, method, composition, delta)
 
 
-def epsilon(composition: Composition, delta_, method="order2") -> Bounds:
-  """eps(delta) by the Edgeworth accountant (pure; vectorised over ``delta_``)."""
-  return worst_direction(composition, _epsilon_direction, delta_, method)
+@float64
+def delta(composition, epsilon, *, method="order2") -> Bounds:
+  """delta(epsilon) by the Edgeworth accountant, worse adjacency direction; arguments as in
+  ``epsilon`` (``epsilon`` >= 0)."""
+  check_choice("method", method, METHODS)
+  composition = checked(composition)
+  epsilon = as_leaf(epsilon)
+  check_epsilon(epsilon)
+  return query(_delta_direction, method, composition, epsilon)

@@ -36,11 +36,14 @@ import numpy as np
 from jax.scipy.special import erf, erfc, ndtr
 
 from jaxacct import results
-from jaxacct._numerics import F64_EPS, exp_upper, fast_jit, float64, scoped_gradients
+from jaxacct._batch import answer, blockwise
+from jaxacct._inputs import check_delta, check_epsilon, check_range
+from jaxacct._numerics import (F64_EPS, as_leaf, exp_upper, fast_jit, float64, floored_status,
+                               scoped_gradients)
 from jaxacct._solver import implicit_root, newton_in_bracket
-from jaxacct.composition import Composition, as_composition
-from jaxacct.models import Gaussian, PoissonSampled, _check_concrete
-from jaxacct.results import APPROXIMATION, Bounds
+from jaxacct.composition import Composition, checked
+from jaxacct.models import Gaussian, PoissonSampled
+from jaxacct.results import APPROXIMATION, UPPER_FLOORED, Bounds, zero_if
 
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 # Below -_CF_FROM the inverse Mills ratio comes from the continued fraction (_CF_TERMS terms are
@@ -242,59 +245,52 @@ def _f64(*xs):
 
 
 def _check_mu(mu):
-  _check_concrete("mu", mu, 0.0, math.inf, high_open=True)
-
-
-def _check_eps(eps):
-  _check_concrete("eps", eps, 0.0, math.inf, low_open=False, high_open=True)
-
-
-_TINY = float(np.finfo(np.float64).tiny)  # XLA on CPU flushes subnormal inputs to zero
-
-
-def _check_delta(delta):
-  _check_concrete("delta", delta, _TINY, 1.0, low_open=False, high_open=True)
+  check_range("mu", mu, 0.0, math.inf)
 
 
 @float64
-def delta_of_mu(mu, eps):
-  """delta_mu(eps) of mu-GDP, exact (relative error < 2e-15 (1 - log delta); 0 below 1e-308).
+def delta_of_mu(mu, epsilon):
+  """delta_mu(epsilon) of mu-GDP, exact (relative error < 2e-15 (1 - log delta); 0 below 1e-308).
 
-  mu > 0 and eps >= 0, scalars or broadcastable arrays.
+  mu > 0 and epsilon >= 0, scalars or broadcastable arrays.
   """
+  mu, epsilon = as_leaf(mu), as_leaf(epsilon)
   _check_mu(mu)
-  _check_eps(eps)
-  return _delta_jit(*_f64(mu, eps))
+  check_epsilon(epsilon)
+  return _delta_jit(*_f64(mu, epsilon))
 
 
 @float64
-def log_delta_of_mu(mu, eps):
-  """log delta_mu(eps): the same curve where delta underflows float64 (e.g. mu = 0.2, eps = 60)."""
+def log_delta_of_mu(mu, epsilon):
+  """log delta_mu(epsilon): the same curve where delta underflows float64 (e.g. mu = 0.2,
+  epsilon = 60)."""
+  mu, epsilon = as_leaf(mu), as_leaf(epsilon)
   _check_mu(mu)
-  _check_eps(eps)
-  return _log_delta_jit(*_f64(mu, eps))
+  check_epsilon(epsilon)
+  return _log_delta_jit(*_f64(mu, epsilon))
 
 
 @float64
-def eps_of_mu(mu, delta):
-  """The exact epsilon(delta) of mu-GDP: the inverse of ``delta_of_mu`` in eps.
+def epsilon_of_mu(mu, delta):
+  """The exact epsilon(delta) of mu-GDP: the inverse of ``delta_of_mu`` in epsilon.
 
   0 when delta >= 2 Phi(mu/2) - 1. Gradients in mu and delta are implicit (closed form).
   """
+  mu, delta = as_leaf(mu), as_leaf(delta)
   _check_mu(mu)
-  _check_delta(delta)
+  check_delta(delta)
   return _epsilon_jit(*_f64(mu, delta))
 
 
 @float64
-def mu_of_eps_delta(eps, delta):
-  """The mu whose GDP curve passes through (eps, delta): the inverse of ``delta_of_mu`` in mu.
-
-  E.g. the GDP budget B that a filter must respect for a target (eps, delta).
+def mu_of_eps_delta(epsilon, delta):
+  """The mu whose GDP curve passes through (epsilon, delta): the inverse of ``delta_of_mu`` in
+  mu. E.g. the GDP budget B that a filter must respect for a target (epsilon, delta).
   """
-  _check_eps(eps)
-  _check_delta(delta)
-  return _mu_jit(*_f64(eps, delta))
+  epsilon, delta = as_leaf(epsilon), as_leaf(delta)
+  check_epsilon(epsilon)
+  check_delta(delta)
+  return _mu_jit(*_f64(epsilon, delta))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -320,10 +316,10 @@ def compose_mu(mus, counts=None):
 
   Counts may be real (d mu / d T is then available).
   """
-  _check_concrete("mus", mus, 0.0, math.inf, low_open=False, high_open=True)
-  if counts is None:
-    counts = jnp.ones_like(jnp.asarray(mus, jnp.float64))
-  _check_concrete("counts", counts, 0.0, math.inf, low_open=False, high_open=True)
+  mus = as_leaf(mus)
+  check_range("mus", mus, 0.0, math.inf, low_open=False)
+  counts = jnp.ones_like(jnp.asarray(mus, jnp.float64)) if counts is None else as_leaf(counts)
+  check_range("counts", counts, 0.0, math.inf, low_open=False)
   mus, counts = jnp.broadcast_arrays(*_f64(mus, counts))
   if mus.ndim == 0:
     mus, counts = mus[None], counts[None]
@@ -334,18 +330,16 @@ def _is_subsampled_gaussian(mech):
   return isinstance(mech, PoissonSampled) and isinstance(mech.base, Gaussian)
 
 
-def _check_composition(composition: Composition):
-  if not composition.mechanisms:
-    raise ValueError("a composition needs at least one (mechanism, count) entry")
+def _checked(composition) -> Composition:
+  """The composition checked (models' parameters, real counts >= 0) and of GDP's models."""
+  composition = checked(composition, integer_counts=False)
   for mech in composition.mechanisms:
     if not (isinstance(mech, Gaussian) or _is_subsampled_gaussian(mech)):
       raise ValueError("GDP accounting supports Gaussian and PoissonSampled(Gaussian) entries; "
                        f"got {type(mech).__name__}"
                        + (f"({type(mech.base).__name__})" if isinstance(mech, PoissonSampled)
                           else ""))
-    mech.check()
-  for count in composition.counts:
-    _check_concrete("counts", count, 0.0, math.inf, low_open=False, high_open=True)
+  return composition
 
 
 def _is_approximate(composition: Composition) -> bool:
@@ -378,12 +372,6 @@ def _mu_of_impl(composition):
 _mu_of_jit = fast_jit(scoped_gradients(_mu_of_impl))
 
 
-def _prepare(composition):
-  composition = as_composition(composition)
-  _check_composition(composition)
-  return jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float64), composition)
-
-
 @float64
 def mu_of(composition):
   """(mu, status) of a composition of Gaussian and Poisson-subsampled Gaussian entries.
@@ -393,7 +381,8 @@ def mu_of(composition):
   ``APPROXIMATION``: an estimate that can under-report epsilon, not a guarantee. Other models
   raise ``ValueError``. Counts may be real.
   """
-  return _mu_of_jit(_prepare(composition))
+  composition = _checked(composition)
+  return _mu_of_jit(jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float64), composition))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -431,6 +420,10 @@ def _epsilon_bounds_impl(composition, delta):
   return Bounds(jnp.maximum(eps - d_eps, 0.0), eps, eps + d_eps, status)
 
 
+def _no_steps(composition, bounds):
+  return zero_if(sum(jnp.asarray(c, jnp.float64) for c in composition.counts) == 0, bounds)
+
+
 def _delta_bounds_impl(composition, eps):
   mu = _safe_sqrt(_mu_squared(composition))
   mu, eps = jnp.broadcast_arrays(mu, eps)
@@ -445,11 +438,12 @@ def _delta_bounds_impl(composition, eps):
   _, d_log = _rounding(composition, mu, eps, log_delta)
   upper = jnp.where(positive, jnp.minimum(exp_upper(log_delta + d_log), 1.0), 0.0)
   lower = jnp.where(positive, jnp.exp(log_delta - d_log), 0.0)
+  status = status | jnp.where(positive, floored_status(log_delta + d_log, UPPER_FLOORED), 0)
   return Bounds(lower, delta, upper, status)
 
 
-_epsilon_bounds_jit = fast_jit(scoped_gradients(_epsilon_bounds_impl))
-_delta_bounds_jit = fast_jit(scoped_gradients(_delta_bounds_impl))
+_epsilon_run = blockwise(lambda comp, d: _no_steps(comp, _epsilon_bounds_impl(comp, d)), 256)
+_delta_run = blockwise(lambda comp, e: _no_steps(comp, _delta_bounds_impl(comp, e)), 256)
 
 
 @float64
@@ -459,20 +453,23 @@ def epsilon(composition, delta) -> Bounds:
   Exact for Gaussian entries: lower = estimate = upper up to rounding, the bracket widened to
   cover it (status OK). With any Poisson-subsampled entry, the central-limit estimate only:
   lower = upper = nan and status ``APPROXIMATION`` (it can under-report epsilon; use the PLD
-  accountant ``jaxacct.epsilon`` for a guarantee). Batched over the broadcast of the inputs.
+  accountant ``jaxacct.epsilon`` for a guarantee). Counts may be real. Batched over the
+  broadcast of the inputs.
   """
-  composition = _prepare(composition)
-  _check_delta(delta)
-  return _epsilon_bounds_jit(composition, *_f64(delta))
+  composition = _checked(composition)
+  delta = as_leaf(delta)
+  check_delta(delta)
+  return answer(_epsilon_run, composition, delta)
 
 
 @float64
-def delta(composition, eps) -> Bounds:
-  """delta(eps) of a composition by GDP; exact or central-limit as in ``epsilon``."""
-  composition = _prepare(composition)
-  _check_eps(eps)
-  return _delta_bounds_jit(composition, *_f64(eps))
+def delta(composition, epsilon) -> Bounds:
+  """delta(epsilon) of a composition by GDP; exact or central-limit as in ``epsilon``."""
+  composition = _checked(composition)
+  epsilon = as_leaf(epsilon)
+  check_epsilon(epsilon)
+  return answer(_delta_run, composition, epsilon)
 
 
-__all__ = ["APPROXIMATION", "compose_mu", "delta", "delta_of_mu", "eps_of_mu", "epsilon",
+__all__ = ["APPROXIMATION", "compose_mu", "delta", "delta_of_mu", "epsilon", "epsilon_of_mu",
            "log_delta_of_mu", "mu_of", "mu_of_eps_delta"]

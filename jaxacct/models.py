@@ -32,14 +32,16 @@ nothing; a model written with jax.numpy alone also works (the planner then runs 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxacct._inputs import check_range
 from jaxacct._numerics import (LOSS_BIG, array_namespace, as_leaf, composite_nodes, erfc,
-                               sigmoid, standard_normal_nodes)
+                               is_traced, sigmoid, standard_normal_nodes)
 from jaxacct._solver import bisect
 
 # Quadratures reach this many standard deviations beyond every bulk or tilted peak (the
@@ -48,40 +50,32 @@ _REACH = 16.0
 _SQRT_HALF = float(np.sqrt(0.5))
 
 def _model(cls):
-  """Frozen dataclass registered as a pytree whose fields are all data (array) fields."""
+  """A frozen dataclass registered as a pytree whose fields are all data (array) fields.
+
+  JAX rebuilds a model from its leaves without calling the constructor, so construction-time
+  checks see only what a user passes, never a tracer-free placeholder of JAX's."""
   cls = dataclasses.dataclass(frozen=True)(cls)
-  return jax.tree_util.register_dataclass(cls)
+  names = tuple(field.name for field in dataclasses.fields(cls))
 
+  def flatten_with_keys(model):
+    return [(jax.tree_util.GetAttrKey(name), getattr(model, name)) for name in names], None
 
-def with_array_fields(model):
-  """``model`` with its list or tuple parameters as arrays (a batch), nested models included.
-
-  (Done when a composition is built, not in the constructor: JAX rebuilds models through it when
-  unflattening, with leaves that are not parameters.)
-  """
-  if not dataclasses.is_dataclass(model):
+  def unflatten(_, children):
+    model = object.__new__(cls)
+    for name, child in zip(names, children):
+      object.__setattr__(model, name, child)
     return model
-  changes = {}
-  for field in dataclasses.fields(model):
-    value = getattr(model, field.name)
-    new = with_array_fields(value) if isinstance(value, PrivacyLoss) else as_leaf(value)
-    if new is not value:
-      changes[field.name] = new
-  return dataclasses.replace(model, **changes) if changes else model
+
+  jax.tree_util.register_pytree_with_keys(cls, flatten_with_keys, unflatten)
+  return cls
 
 
-def _check_concrete(name, value, low, high, low_open=True, high_open=False):
-  """Raises ValueError unless every concrete entry of ``value`` lies in the interval."""
-  try:
-    vals = np.asarray(value, dtype=np.float64)
-  except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
-    return  # traced: checked by the caller's documentation, not here
-  lo_ok = vals > low if low_open else vals >= low
-  hi_ok = vals < high if high_open else vals <= high
-  if not (np.all(np.isfinite(vals)) and np.all(lo_ok) and np.all(hi_ok)):
-    left = "(" if low_open else "["
-    right = ")" if high_open else "]"
-    raise ValueError(f"{name} must be finite and in {left}{low}, {high}{right}; got {value!r}")
+def _is_parameter(value):
+  """A value the constructor converts and checks: numbers, host arrays, concrete JAX arrays."""
+  if isinstance(value, (list, tuple)):
+    return all(_is_parameter(v) for v in value)
+  return (isinstance(value, (int, float, np.ndarray, np.generic))
+          or (isinstance(value, jax.Array) and not is_traced(value)))
 
 
 def _normal_cdf_sf(*zs):
@@ -105,9 +99,25 @@ def _clamp(loss):
 
 
 class PrivacyLoss:
-  """Interface every mechanism implements (see the module docstring)."""
+  """Interface every mechanism implements (see the module docstring).
+
+  Constructing a model converts list or tuple parameters to arrays (a batch) and checks concrete
+  parameters (``ValueError`` naming the parameter); traced parameters pass unchecked.
+  """
 
   symmetric: ClassVar[bool] = True
+
+  def __post_init__(self):
+    values = {}
+    for field in dataclasses.fields(self):
+      value = getattr(self, field.name)
+      if isinstance(value, PrivacyLoss):
+        continue
+      if isinstance(value, (list, tuple)) and _is_parameter(value):
+        object.__setattr__(self, field.name, as_leaf(value))
+      values[field.name] = getattr(self, field.name)
+    if all(_is_parameter(v) or is_traced(v) for v in values.values()):
+      self.check()
 
   def _xp(self, *values):
     """The array namespace of this model's parameters and ``values`` (see array_namespace)."""
@@ -146,8 +156,8 @@ class Gaussian(PrivacyLoss):
   sensitivity: jax.Array = 1.0
 
   def check(self):
-    _check_concrete("sigma", self.sigma, 0.0, float("inf"), high_open=True)
-    _check_concrete("sensitivity", self.sensitivity, 0.0, float("inf"), high_open=True)
+    check_range("sigma", self.sigma, 0.0, math.inf)
+    check_range("sensitivity", self.sensitivity, 0.0, math.inf)
 
   def _mu(self):
     return self.sensitivity / self.sigma
@@ -202,8 +212,8 @@ class Laplace(PrivacyLoss):
   sensitivity: jax.Array = 1.0
 
   def check(self):
-    _check_concrete("scale", self.scale, 0.0, float("inf"), high_open=True)
-    _check_concrete("sensitivity", self.sensitivity, 0.0, float("inf"), high_open=True)
+    check_range("scale", self.scale, 0.0, math.inf)
+    check_range("sensitivity", self.sensitivity, 0.0, math.inf)
 
   def cdf_sf(self, loss, add=False):
     xp = self._xp(loss)
@@ -245,8 +255,8 @@ class EpsilonDelta(PrivacyLoss):
   delta: jax.Array = 0.0
 
   def check(self):
-    _check_concrete("epsilon", self.epsilon, 0.0, float("inf"), low_open=False, high_open=True)
-    _check_concrete("delta", self.delta, 0.0, 1.0, low_open=False, high_open=True)
+    check_range("epsilon", self.epsilon, 0.0, math.inf, low_open=False)
+    check_range("delta", self.delta, 0.0, 1.0, low_open=False)
 
   def cdf_sf(self, loss, add=False):
     eps, dlt = self.epsilon, self.delta
@@ -338,7 +348,7 @@ class PoissonSampled(PrivacyLoss):
 
   def check(self):
     self.base.check()
-    _check_concrete("sampling rate", self.rate, 0.0, 1.0)
+    check_range("rate", self.rate, 0.0, 1.0, high_open=False)
 
   def cdf_sf(self, loss, add=False):
     q, xp = self.rate, self._xp(loss, add)
@@ -392,9 +402,9 @@ class SampledGaussianReplaceOne(PrivacyLoss):
   sensitivity: jax.Array = 1.0
 
   def check(self):
-    _check_concrete("sigma", self.sigma, 0.0, float("inf"), high_open=True)
-    _check_concrete("sampling rate", self.rate, 0.0, 1.0)
-    _check_concrete("sensitivity", self.sensitivity, 0.0, float("inf"), high_open=True)
+    check_range("sigma", self.sigma, 0.0, math.inf)
+    check_range("rate", self.rate, 0.0, 1.0, high_open=False)
+    check_range("sensitivity", self.sensitivity, 0.0, math.inf)
 
   def _x_of_loss(self, loss):
     s, sig, q = self.sensitivity, self.sigma, self.rate

@@ -39,12 +39,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxacct import cgf, models
-from jaxacct._batch import vectorised
-from jaxacct._numerics import exp_upper, float64, safe_where
+from jaxacct._batch import answer, blockwise, vectorised
+from jaxacct._inputs import check_delta, check_epsilon, check_range
+from jaxacct._numerics import as_leaf, exp_upper, float64, floored_status, safe_where
 from jaxacct._solver import implicit_root, newton_in_bracket
-from jaxacct._inputs import check_range as _check_range
-from jaxacct.composition import Composition, as_composition
-from jaxacct.results import LOWER_VACUOUS, Bounds
+from jaxacct.composition import Composition
+from jaxacct.results import LOWER_VACUOUS, UPPER_FLOORED, Bounds, zero_if
 
 MAX_ORDER = 1.0e4   # largest Renyi order accepted by ``rdp`` and searched by the conversions
 MIN_TILT = 1.0e-3   # smallest alpha - 1 searched by the conversions
@@ -184,11 +184,13 @@ def _log_delta_at(k, t, epsilon):
   return k - epsilon * t - t * jnp.log1p(1.0 / t) - jnp.log1p(t)
 
 
-def _bounds(value):
-  """Upper = estimate = ``value`` (+inf where it is nan); no lower bound."""
+def _bounds(composition, value, status=0):
+  """Upper = estimate = ``value`` (+inf where it is nan); no lower bound. A composition of no
+  steps is exactly 0."""
   upper = jnp.where(jnp.isnan(value), jnp.inf, value)
-  return Bounds(jnp.full_like(upper, jnp.nan), upper, upper,
-                jnp.full(jnp.shape(upper), LOWER_VACUOUS, jnp.int32))
+  status = jnp.full(jnp.shape(upper), LOWER_VACUOUS, jnp.int32) | status
+  return zero_if(cgf.total_count(composition) == 0,
+                 Bounds(jnp.full_like(upper, jnp.nan), upper, upper, status))
 
 
 def _rdp_single(composition, order):
@@ -201,38 +203,22 @@ def _epsilon_single(composition, delta):
   t = _optimal_tilt(composition, _epsilon_condition(log_delta))
   eps = _epsilon_at(_composition_cgf(composition, t)[0], t, log_delta)
   # A negative value means delta(0) <= delta already.
-  return _bounds(jnp.maximum(eps, 0.0))
+  return _bounds(composition, jnp.maximum(eps, 0.0))
 
 
 def _delta_single(composition, epsilon):
   t = _optimal_tilt(composition, _delta_condition(epsilon))
-  log_delta = _log_delta_at(_composition_cgf(composition, t)[0], t, epsilon)
-  return _bounds(exp_upper(jnp.minimum(log_delta, 0.0)))
+  log_delta = jnp.minimum(_log_delta_at(_composition_cgf(composition, t)[0], t, epsilon), 0.0)
+  return _bounds(composition, exp_upper(log_delta), floored_status(log_delta, UPPER_FLOORED))
 
 
 # ----------------------------------------------------------------------------------------------
 # Front door: input checks, batching, compilation
 
 
-def _checked(composition):
-  """The composition, its models' parameters and counts checked (concrete values only).
-
-  Counts may be any finite non-negative reals (the CGF is linear in them, which is what makes
-  d epsilon / d T available), unlike the PLD accountant's integer counts.
-  """
-  composition = as_composition(composition)
-  if not composition.mechanisms:
-    raise ValueError("a composition needs at least one (mechanism, count) entry")
-  for mech, count in zip(composition.mechanisms, composition.counts):
-    mech.check()
-    _check_range("counts", count, 0.0, np.inf, low_open=False)
-  cgf.check_cgf(composition)
-  return composition
-
-
 _rdp_run = vectorised(_rdp_single, 256)
-_epsilon_run = vectorised(_epsilon_single, 16)
-_delta_run = vectorised(_delta_single, 16)
+_epsilon_run = blockwise(_epsilon_single, 16)
+_delta_run = blockwise(_delta_single, 16)
 
 
 @float64
@@ -248,8 +234,9 @@ def rdp(composition, orders) -> jax.Array:
     float64 array of RDP(alpha) = K(alpha - 1)/(alpha - 1), shaped like the broadcast inputs.
   Inputs are checked when concrete (ValueError naming the parameter), not under tracing.
   """
-  composition = _checked(composition)
-  _check_range("orders", orders, 1.0, MAX_ORDER, high_open=False)
+  composition = cgf.checked(composition)
+  orders = as_leaf(orders)
+  check_range("orders", orders, 1.0, MAX_ORDER, high_open=False)
   return _rdp_run(composition, orders)
 
 
@@ -261,9 +248,10 @@ def epsilon(composition, delta) -> Bounds:
   are accurate to ~1e-9 relative or better); ``lower`` is nan (status ``LOWER_VACUOUS``): RDP gives
   no lower bound. ``delta`` in (0, 1) broadcasts with the composition's leaves.
   """
-  composition = _checked(composition)
-  _check_range("delta", delta, 0.0, 1.0)
-  return _epsilon_run(composition, delta)
+  composition = cgf.checked(composition)
+  delta = as_leaf(delta)
+  check_delta(delta)
+  return answer(_epsilon_run, composition, delta)
 
 
 @float64
@@ -272,6 +260,7 @@ def delta(composition, epsilon) -> Bounds:
 
   Conventions as in ``epsilon``; ``epsilon`` >= 0 broadcasts with the composition's leaves.
   """
-  composition = _checked(composition)
-  _check_range("epsilon", epsilon, 0.0, np.inf, low_open=False)
-  return _delta_run(composition, epsilon)
+  composition = cgf.checked(composition)
+  epsilon = as_leaf(epsilon)
+  check_epsilon(epsilon)
+  return answer(_delta_run, composition, epsilon)

@@ -18,6 +18,7 @@ APPROXIMATION = 8      # an approximation without certified bounds (lower and up
 UNRELIABLE = 16        # an approximation outside the regime where it is known to be accurate
 OUT_OF_RANGE = 32      # the answer lies beyond the range the method searches: upper is +inf
 UPPER_VACUOUS = 64     # the method's error bound is too large for a finite bound (epsilon: +inf)
+UPPER_FLOORED = 128    # delta's upper bound lies below float64's range: reported as its floor
 
 STATUS_TEXT = {
     WINDOW_TOO_SMALL: "composed loss wider than the grid window; bounds widened",
@@ -26,9 +27,12 @@ STATUS_TEXT = {
     APPROXIMATION: "central-limit approximation: no certified bound (it can under-report epsilon)",
     UNRELIABLE: "approximation outside its reliable regime (the tilted loss is far from "
                 "Gaussian): the estimate may be off by more than 1e-3 relative",
-    OUT_OF_RANGE: "answer beyond the searched range of the method; upper is +inf",
+    OUT_OF_RANGE: "answer beyond the range the method searches: an epsilon's upper is +inf; a "
+                  "delta's bounds are those at the end of the range (valid, not tight)",
     UPPER_VACUOUS: "upper bound vacuous (the method's error bound is not below delta): "
                    "epsilon's upper is +inf, delta's upper is 1",
+    UPPER_FLOORED: "delta's upper bound is below float64's range: the smallest normal number "
+                   "(2.2e-308) is reported, a floor rather than an estimate",
 }
 
 
@@ -50,11 +54,14 @@ class Bounds:
   status: jax.Array
 
   def to_dict(self, **extra):
-    """JSON-ready dict for a single (unbatched) result; absent bounds become ``None``."""
+    """JSON-ready dict for a single (unbatched) result. A bound the method does not give (nan)
+    is ``None``; an infinite bound is the string ``"inf"`` (``float("inf")`` reads it back), so
+    "no guarantee" (``"upper": "inf"``) and "no lower bound" (``"lower": null``) differ."""
     out = {}
     for key in ("lower", "estimate", "upper"):
       value = float(np.asarray(getattr(self, key)))
-      out[key] = value if math.isfinite(value) else None
+      out[key] = (value if math.isfinite(value) else None if math.isnan(value)
+                  else "inf" if value > 0 else "-inf")
     status = int(np.asarray(self.status))
     out["status"] = status
     out["notes"] = [text for bit, text in STATUS_TEXT.items() if status & bit]
@@ -64,10 +71,19 @@ class Bounds:
 
 def worst_of(a: Bounds, b: Bounds) -> Bounds:
   """Field-wise maximum: the guarantee for the worse of two dominating pairs. Status bits are
-  combined, except LOWER_VACUOUS, which describes the combined lower bound (nan only when
-  neither pair has one)."""
+  combined, except LOWER_VACUOUS and UPPER_FLOORED, which describe the combined bounds (nan only
+  when neither pair has a lower bound; floored only when the upper kept is a floor)."""
   lower = jnp.fmax(a.lower, b.lower)
-  status = jnp.bitwise_or(a.status, b.status) & ~LOWER_VACUOUS
+  upper = jnp.maximum(a.upper, b.upper)
+  status = jnp.bitwise_or(a.status, b.status) & ~(LOWER_VACUOUS | UPPER_FLOORED)
   status = status | jnp.where(jnp.isnan(lower), LOWER_VACUOUS, OK).astype(status.dtype)
-  return Bounds(lower, jnp.maximum(a.estimate, b.estimate), jnp.maximum(a.upper, b.upper),
-                status)
+  floored = (upper == a.upper) & (a.status & UPPER_FLOORED > 0)
+  floored = floored | ((upper == b.upper) & (b.status & UPPER_FLOORED > 0))
+  status = status | jnp.where(floored, UPPER_FLOORED, OK).astype(status.dtype)
+  return Bounds(lower, jnp.maximum(a.estimate, b.estimate), upper, status)
+
+
+def zero_if(none, bounds: Bounds) -> Bounds:
+  """``bounds``, or exactly 0 with status OK where ``none`` (a composition of no steps)."""
+  return Bounds(*(jnp.where(none, 0.0, v) for v in (bounds.lower, bounds.estimate, bounds.upper)),
+                jnp.where(none, OK, bounds.status).astype(jnp.int32))

@@ -28,9 +28,10 @@ import numpy as np
 from jax.scipy.special import log_ndtr
 
 from jaxacct import results
-from jaxacct._numerics import exp_upper
+from jaxacct._inputs import check_choice, check_delta, check_epsilon
+from jaxacct._numerics import as_leaf, exp_upper, float64, floored_status
 from jaxacct._solver import root_in_bracket
-from jaxacct.cgf import cumulants, tilt_nodes, worst_direction
+from jaxacct.cgf import checked, cumulants, query, tilt_nodes
 from jaxacct.composition import Composition
 from jaxacct.results import Bounds
 
@@ -188,8 +189,9 @@ def _delta_direction(composition, eps, method, add):
   status = status | jnp.where(terms["unreliable"], results.UNRELIABLE, results.OK)
   # Beyond the searched tilts the bound is still valid (it holds at any tilt).
   status = status | jnp.where(inside, results.OK, results.OUT_OF_RANGE)
-  return Bounds(jnp.exp(lower), jnp.exp(estimate), exp_upper(upper),
-                status.astype(jnp.int32))
+  status = status | jnp.where(upper >= 0.0, results.UPPER_VACUOUS, results.OK)
+  status = status | floored_status(upper, results.UPPER_FLOORED)
+  return Bounds(jnp.exp(lower), jnp.exp(estimate), exp_upper(upper), status.astype(jnp.int32))
 
 
 def _curve_point(composition, log_t, method, add, nodes=None):
@@ -254,11 +256,32 @@ def _epsilon_direction(composition, delta, method, add):
   return Bounds(lower, eps[1], upper, status.astype(jnp.int32))
 
 
-def delta(composition: Composition, eps, method="clt") -> Bounds:
-  """delta(eps) by the saddle-point accountant (pure; vectorised over ``eps``)."""
-  return worst_direction(composition, _delta_direction, eps, method)
+@float64
+def epsilon(composition, delta, *, method="clt") -> Bounds:
+  """epsilon(delta) by the saddle-point accountant, worse adjacency direction.
+
+  Args:
+    composition: a ``Composition``, a model, or a list of (model, count) entries; counts may be
+      real numbers (d epsilon / d T exists). Leaves may be arrays: the result is batched over
+      their broadcast shape. Models with mass at infinite loss are refused.
+    delta: target delta in (0, 1), broadcast with the composition.
+    method: the estimate, one of ``METHODS`` ("clt", "msd0", "msd1").
+  Returns:
+    ``Bounds`` (lower, estimate, upper, status), float64, batched like the inputs.
+  """
+  check_choice("method", method, METHODS)
+  composition = checked(composition)
+  delta = as_leaf(delta)
+  check_delta(delta)
+  return query(_epsilon_direction, method, composition, delta)
 
 
-def epsilon(composition: Composition, delta_, method="clt") -> Bounds:
-  """eps(delta) by the saddle-point accountant (pure; vectorised over ``delta_``)."""
-  return worst_direction(composition, _epsilon_direction, delta_, method)
+@float64
+def delta(composition, epsilon, *, method="clt") -> Bounds:
+  """delta(epsilon) by the saddle-point accountant, worse adjacency direction; arguments as in
+  ``epsilon`` (``epsilon`` >= 0)."""
+  check_choice("method", method, METHODS)
+  composition = checked(composition)
+  epsilon = as_leaf(epsilon)
+  check_epsilon(epsilon)
+  return query(_delta_direction, method, composition, epsilon)

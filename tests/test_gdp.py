@@ -150,7 +150,7 @@ def test_eps_round_trip():
   keep = (d > 1e-300) & (d < 0.9)
   m, e, d = m[keep], e[keep], d[keep]
   assert m.size > 150
-  back = each(gdp.eps_of_mu, m, d)
+  back = each(gdp.epsilon_of_mu, m, d)
   np.testing.assert_allclose(back, e, rtol=1e-11, atol=1e-14)
   mu_back = each(gdp.mu_of_eps_delta, e, d)
   np.testing.assert_allclose(mu_back, m, rtol=1e-11)
@@ -163,19 +163,19 @@ def test_eps_against_mpmath_and_digest():
            (1.0, 1e-6, 4.8865541175), (2.0, 1e-5, 9.9972561464), (2.0, 1e-6, 10.9971512142),
            (0.1, 1e-6, 0.396857), (5.0, 1e-6, 35.566344)]
   mu, delta, eps = map(np.array, zip(*table))
-  got = each(gdp.eps_of_mu, mu, delta)
+  got = each(gdp.epsilon_of_mu, mu, delta)
   assert np.all(np.abs(got - eps) <= np.array([5e-11] * 6 + [5e-7] * 2))
   extra_mu = np.array([1e-3, 0.03, 0.3, 1.0, 3.0, 10.0, 0.7, 0.2])
   extra_delta = np.array([1e-7, 1e-300, 1e-20, 0.3, 1e-10, 1e-100, 1e-2, 1e-5])
   ref = np.array([ref_eps(m, d) for m, d in zip(extra_mu, extra_delta)])
-  np.testing.assert_allclose(each(gdp.eps_of_mu, extra_mu, extra_delta), ref, rtol=1e-12)
+  np.testing.assert_allclose(each(gdp.epsilon_of_mu, extra_mu, extra_delta), ref, rtol=1e-12)
 
 
 def test_eps_is_zero_above_the_curve_at_zero():
   mu = np.array([0.1, 1.0, 3.0])
   d0 = 2.0 * stats.norm.cdf(mu / 2) - 1.0
-  np.testing.assert_array_equal(each(gdp.eps_of_mu, mu, d0 * (1 + 1e-9)), 0.0)
-  below = each(gdp.eps_of_mu, mu, d0 * (1 - 1e-6))
+  np.testing.assert_array_equal(each(gdp.epsilon_of_mu, mu, d0 * (1 + 1e-9)), 0.0)
+  below = each(gdp.epsilon_of_mu, mu, d0 * (1 - 1e-6))
   # slope at eps = 0: d delta/d eps = -Phi(-mu/2), so eps ~ 1e-6 d0 / Phi(-mu/2).
   np.testing.assert_allclose(below, 1e-6 * d0 / stats.norm.cdf(-mu / 2), rtol=1e-4)
 
@@ -184,7 +184,7 @@ def test_mimic_budgets():
   # Digest 5 #4-5: B = sqrt(50)/10.614652581338738 gives eps(1e-5) = 2.751021; the budgets
   # for eps in {0.5, 2.75, 10} at delta = 1e-5.
   b = math.sqrt(50) / 10.614652581338738
-  assert float(gdp.eps_of_mu(b, 1e-5)) == pytest.approx(2.751021, abs=5e-7)
+  assert float(gdp.epsilon_of_mu(b, 1e-5)) == pytest.approx(2.751021, abs=5e-7)
   mus = each(gdp.mu_of_eps_delta, [0.5, 2.75, 10.0], 1e-5)
   np.testing.assert_allclose(mus, [0.1422105587, 0.6659424009, 2.0004456204], atol=5e-11)
 
@@ -355,11 +355,11 @@ GRID_MU, GRID_DELTA = (x.ravel() for x in np.meshgrid([0.01, 0.1, 0.5, 1.0, 3.0,
 
 def test_jit_and_vmap_equal_eager():
   # (Under jax.jit, float inputs are float64 only where x64 is enabled around the call.)
-  eager = each(gdp.eps_of_mu, GRID_MU, GRID_DELTA)
+  eager = each(gdp.epsilon_of_mu, GRID_MU, GRID_DELTA)
   assert np.all(np.isfinite(eager))
   with jax.enable_x64(True):
-    jitted = np.array([float(jax.jit(gdp.eps_of_mu)(m, d)) for m, d in zip(GRID_MU, GRID_DELTA)])
-    mapped = np.asarray(jax.jit(jax.vmap(gdp.eps_of_mu))(GRID_MU, GRID_DELTA))
+    jitted = np.array([float(jax.jit(gdp.epsilon_of_mu)(m, d)) for m, d in zip(GRID_MU, GRID_DELTA)])
+    mapped = np.asarray(jax.jit(jax.vmap(gdp.epsilon_of_mu))(GRID_MU, GRID_DELTA))
   np.testing.assert_allclose(jitted, eager, rtol=1e-14)
   np.testing.assert_allclose(mapped, eager, rtol=1e-14)  # vmap over mu (and delta) = the loop
 
@@ -377,10 +377,10 @@ def _grads(fn, *arrays):
 
 
 def test_grad_of_eps_matches_finite_differences():
-  g_mu, g_delta = _grads(gdp.eps_of_mu, GRID_MU, GRID_DELTA)
-  fd_mu = _central(lambda m: each(gdp.eps_of_mu, m, GRID_DELTA), GRID_MU)
-  fd_delta = _central(lambda d: each(gdp.eps_of_mu, GRID_MU, d), GRID_DELTA)
-  inside = each(gdp.eps_of_mu, GRID_MU, GRID_DELTA) > 0  # eps = 0 above the curve
+  g_mu, g_delta = _grads(gdp.epsilon_of_mu, GRID_MU, GRID_DELTA)
+  fd_mu = _central(lambda m: each(gdp.epsilon_of_mu, m, GRID_DELTA), GRID_MU)
+  fd_delta = _central(lambda d: each(gdp.epsilon_of_mu, GRID_MU, d), GRID_DELTA)
+  inside = each(gdp.epsilon_of_mu, GRID_MU, GRID_DELTA) > 0  # eps = 0 above the curve
   assert inside.sum() >= 30
   np.testing.assert_allclose(g_mu[inside], fd_mu[inside], rtol=1e-4)
   np.testing.assert_allclose(g_delta[inside], fd_delta[inside], rtol=1e-4)
@@ -418,7 +418,7 @@ def test_grad_of_accountant_wrt_sigma():
 def test_float64_inside_a_float32_program(x64_off):
   @jax.jit
   def step(w, mu):
-    return jnp.sum(w * w), gdp.eps_of_mu(mu, 2.0**-17)
+    return jnp.sum(w * w), gdp.epsilon_of_mu(mu, 2.0**-17)
 
   loss, eps = step(jnp.ones(3, jnp.float32), jnp.float32(0.5))
   assert loss.dtype == jnp.float32 and eps.dtype == jnp.float64
@@ -436,21 +436,21 @@ NAN, INF = float("nan"), float("inf")
 @pytest.mark.parametrize("fn, args, name", [
     (gdp.delta_of_mu, (0.0, 1.0), "mu"), (gdp.delta_of_mu, (-1.0, 1.0), "mu"),
     (gdp.delta_of_mu, (NAN, 1.0), "mu"), (gdp.delta_of_mu, (INF, 1.0), "mu"),
-    (gdp.delta_of_mu, (1.0, -0.5), "eps"), (gdp.delta_of_mu, (1.0, NAN), "eps"),
-    (gdp.delta_of_mu, (1.0, INF), "eps"), (gdp.log_delta_of_mu, (0.0, 1.0), "mu"),
-    (gdp.eps_of_mu, (0.0, 1e-5), "mu"), (gdp.eps_of_mu, (1.0, 0.0), "delta"),
-    (gdp.eps_of_mu, (1.0, 1.0), "delta"), (gdp.eps_of_mu, (1.0, -1e-5), "delta"),
-    (gdp.eps_of_mu, (1.0, NAN), "delta"), (gdp.eps_of_mu, (1.0, 1e-320), "delta"),
-    (gdp.eps_of_mu, (np.array([1.0, -1.0]), 1e-5), "mu"),
-    (gdp.mu_of_eps_delta, (-1.0, 1e-5), "eps"), (gdp.mu_of_eps_delta, (1.0, 1.5), "delta"),
+    (gdp.delta_of_mu, (1.0, -0.5), "epsilon"), (gdp.delta_of_mu, (1.0, NAN), "epsilon"),
+    (gdp.delta_of_mu, (1.0, INF), "epsilon"), (gdp.log_delta_of_mu, (0.0, 1.0), "mu"),
+    (gdp.epsilon_of_mu, (0.0, 1e-5), "mu"), (gdp.epsilon_of_mu, (1.0, 0.0), "delta"),
+    (gdp.epsilon_of_mu, (1.0, 1.0), "delta"), (gdp.epsilon_of_mu, (1.0, -1e-5), "delta"),
+    (gdp.epsilon_of_mu, (1.0, NAN), "delta"), (gdp.epsilon_of_mu, (1.0, 1e-320), "delta"),
+    (gdp.epsilon_of_mu, (np.array([1.0, -1.0]), 1e-5), "mu"),
+    (gdp.mu_of_eps_delta, (-1.0, 1e-5), "epsilon"), (gdp.mu_of_eps_delta, (1.0, 1.5), "delta"),
     (gdp.compose_mu, (np.array([0.1, -0.1]), np.array([1, 1])), "mus"),
     (gdp.compose_mu, (np.array([0.1, 0.1]), np.array([1, -1])), "counts"),
     (gdp.epsilon, (C.of((G(1.0), 10)), 0.0), "delta"),
-    (gdp.epsilon, (C.of((G(0.0), 10)), 1e-5), "sigma"),
+    (lambda: gdp.epsilon(C.of((G(0.0), 10)), 1e-5), (), "sigma"),
     (gdp.epsilon, (C.of((G(1.0), -3)), 1e-5), "counts"),
-    (gdp.epsilon, (C.of((P(G(1.0), 1.5), 10)), 1e-5), "sampling rate"),
-    (gdp.delta, (C.of((G(1.0), 10)), -1.0), "eps"),
-    (gdp.delta, (C.of((G(1.0), 10)), NAN), "eps"),
+    (lambda: gdp.epsilon(C.of((P(G(1.0), 1.5), 10)), 1e-5), (), "rate"),
+    (gdp.delta, (C.of((G(1.0), 10)), -1.0), "epsilon"),
+    (gdp.delta, (C.of((G(1.0), 10)), NAN), "epsilon"),
 ])
 def test_bad_input_raises(fn, args, name):
   with pytest.raises(ValueError, match=_name(name)):

@@ -74,21 +74,38 @@ def test_bad_eps_error(eps_error):
 
 
 BAD_MODELS = [
-    ("gaussian_sigma_negative", [(jaxacct.Gaussian(-1.0), 10)], r"sigma.*-1\.0"),
-    ("laplace_scale_zero", [(jaxacct.Laplace(0.0), 10)], r"scale.*0\.0"),
-    ("epsilon_delta_delta_1.5", [(jaxacct.EpsilonDelta(1.0, 1.5), 1)], r"delta.*1\.5"),
-    ("poisson_rate_zero", [(jaxacct.PoissonSampled(jaxacct.Gaussian(1.0), 0.0), 10)], r"rate"),
-    ("empty_composition", jaxacct.Composition((), ()), r"composition"),
+    ("gaussian_sigma_negative", lambda: jaxacct.Gaussian(-1.0), r"sigma.*-1\.0"),
+    ("gaussian_sensitivity_nan", lambda: jaxacct.Gaussian(1.0, float("nan")), r"sensitivity"),
+    ("gaussian_batch_one_bad", lambda: jaxacct.Gaussian([1.0, -2.0]), r"sigma"),
+    ("laplace_scale_zero", lambda: jaxacct.Laplace(0.0), r"scale.*0\.0"),
+    ("epsilon_delta_delta_1.5", lambda: jaxacct.EpsilonDelta(1.0, 1.5), r"delta.*1\.5"),
+    ("pure_dp_negative", lambda: jaxacct.PureDP(-0.1), r"epsilon"),
+    ("poisson_rate_zero", lambda: jaxacct.PoissonSampled(jaxacct.Gaussian(1.0), 0.0), r"rate"),
+    ("replace_one_rate_2", lambda: jaxacct.SampledGaussianReplaceOne(1.0, 2.0), r"rate"),
 ]
 
 
-@pytest.mark.parametrize("composition,pattern", [c[1:] for c in BAD_MODELS],
-                         ids=[c[0] for c in BAD_MODELS])
-def test_bad_models(composition, pattern):
+@pytest.mark.parametrize("make,pattern", [c[1:] for c in BAD_MODELS], ids=[c[0] for c in BAD_MODELS])
+def test_bad_models_fail_at_construction(make, pattern):
   with pytest.raises(ValueError, match=pattern):
-    jaxacct.epsilon(composition, 1e-5)
-  with pytest.raises(ValueError, match=pattern):
-    jaxacct.delta(composition, 1.0)
+    make()
+
+
+def test_models_stay_traceable():
+  """Traced parameters are not checked (their values are unknown): a model built inside jit or
+  vmap works, and JAX rebuilding a model from its leaves never runs the checks."""
+  f = jax.jit(lambda s: jaxacct.Gaussian(s).sigma * 2.0)
+  assert float(f(-1.0)) == -2.0
+  sigmas = jax.vmap(lambda s: jaxacct.PoissonSampled(jaxacct.Gaussian(s), 0.5).base.sigma)
+  np.testing.assert_array_equal(np.asarray(sigmas(np.array([1.0, 2.0]))), [1.0, 2.0])
+  rebuilt = jax.tree_util.tree_map(lambda x: x - 5.0, jaxacct.Gaussian(1.0))
+  assert float(rebuilt.sigma) == -4.0
+
+
+def test_empty_composition():
+  for fn, x in ((jaxacct.epsilon, 1e-5), (jaxacct.delta, 1.0)):
+    with pytest.raises(ValueError, match="composition"):
+      fn(jaxacct.Composition((), ()), x)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -267,15 +284,57 @@ def test_cli_non_number_in_process(capsys):
 # ---------------------------------------------------------------------------------------------
 # 5. Bounds.to_dict: nan / inf become None, and the dict is JSON-serialisable.
 
-def test_bounds_to_dict_nonfinite_to_none():
+def test_bounds_to_dict_tells_infinite_from_absent():
+  """In JSON an absent bound (nan) is null and an infinite one the string "inf" (no guarantee),
+  so a script can tell them apart; float("inf") reads the string back."""
   b = jaxacct.Bounds(lower=np.float64("nan"), estimate=np.float64(1.0),
                      upper=np.float64("inf"), status=np.int32(4))
   d = b.to_dict(quantity="epsilon")
   assert d["lower"] is None
   assert d["estimate"] == 1.0
-  assert d["upper"] is None
+  assert d["upper"] == "inf" and float(d["upper"]) == float("inf")
   assert d["status"] == 4 and isinstance(d["status"], int)
   assert d["notes"] == [results.STATUS_TEXT[results.LOWER_VACUOUS]]
   assert d["quantity"] == "epsilon"
   text = json.dumps(d, allow_nan=False)
   assert json.loads(text) == d
+
+
+BAD_COMPARE = [(["--sampling-rate", "2"], "sampling_rate"), (["--delta", "0"], "delta"),
+               (["--steps", "1.5"], "steps"), (["--eps-error", "0"], "eps_error")]
+
+
+@pytest.mark.parametrize("argv,name", BAD_COMPARE, ids=[" ".join(a) for a, _ in BAD_COMPARE])
+def test_cli_compare_bad_input_exits_2(argv, name, capsys):
+  assert jaxacct.cli.main(["compare", *argv]) == 2
+  captured = capsys.readouterr()
+  assert captured.out == ""
+  lines = _nonempty_lines(captured.err)
+  assert len(lines) == 1 and lines[0].startswith("jaxacct: error:") and name in lines[0]
+
+
+def test_cli_refuses_options_an_accountant_does_not_use(capsys):
+  assert jaxacct.cli.main(["epsilon", "--accountant", "spa", "--eps-error", "0.1"]) == 2
+  assert "eps_error" in capsys.readouterr().err
+
+
+def test_cli_json_infinite_and_absent_bounds(capsys):
+  """Edgeworth's certified upper at 100 steps and delta = 1e-5 is vacuous (+inf, "inf") and its
+  lower absent (null): a script can tell "no guarantee" from "no lower bound"."""
+  argv = ["epsilon", "--accountant", "edgeworth", "--steps", "100", "--json"]
+  assert jaxacct.cli.main(argv) == 0
+  out = json.loads(capsys.readouterr().out)
+  assert out["upper"] == "inf" and out["lower"] is None
+  assert out["status"] & results.UPPER_VACUOUS and out["status"] & results.LOWER_VACUOUS
+  assert _is_number(out["estimate"])
+
+
+def test_cli_no_steps_answers_at_once():
+  """Steps = 0: epsilon = delta = 0 for every command (a fresh process, no compilation)."""
+  for command in (["epsilon"], ["delta"], ["compare"]):
+    proc = _run_cli(*command, "--steps", "0", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    rows = out["results"] if command == ["compare"] else [out]
+    for row in rows:
+      assert (row["lower"], row["estimate"], row["upper"], row["status"]) == (0, 0, 0, 0), row

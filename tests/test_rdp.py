@@ -335,7 +335,7 @@ def test_infinite_cgf_and_bad_models_are_refused():
     rdp.rdp(jaxacct.PoissonSampled(jaxacct.EpsilonDelta(1.0, 1e-6), 0.1), 2.0)
   with pytest.raises(ValueError, match=r"\bsigma\b"):
     rdp.rdp(dpsgd(-1.0, 0.01, 10), 2.0)
-  with pytest.raises(ValueError, match=r"sampling rate"):
+  with pytest.raises(ValueError, match=r"\brate\b"):
     rdp.delta(dpsgd(1.0, 1.5, 10), 1.0)
   with pytest.raises(ValueError, match=r"\bcounts\b"):
     rdp.epsilon(dpsgd(1.0, 0.01, -3), 1e-5)

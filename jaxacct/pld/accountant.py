@@ -104,41 +104,17 @@ def _planned(quantity, flat, planner, size_cache, batch_size):
   return Bounds(**fields)
 
 
-def _no_steps(flat_composition):
-  """Per setting of a flat batch (host values): True where every count is 0."""
-  counts = np.stack([np.asarray(c) for c in flat_composition.counts])
-  return np.all(counts == 0.0, axis=0)
-
-
 def _answer(quantity, composition, x, plan, planner, size_cache, batch_size):
-  """The front door's one pass: flatten, answer settings of no steps, plan and run the rest."""
-  flat, shape = _batch.flatten((composition, x))
-  if is_traced(flat):
-    if plan is None:
-      raise ValueError("under jit/vmap/grad the inputs are traced and cannot be used to plan the "
-                       "grid: pass plan=jaxacct.make_plan(...) (or dpsgd_plan) for the worst case")
-    return _batch.reshaped(_run(quantity, flat, plan, batch_size), shape)
-  empty = _no_steps(flat[0])
-  busy = np.flatnonzero(~empty)
-  if busy.size == empty.size:
-    part = flat
+  """The front door's one pass (``_batch.answer``: settings of no steps answered at once), on
+  the caller's plan or, planned here, with the planner's reruns."""
+  if plan is None and is_traced((composition, x)):
+    raise ValueError("under jit/vmap/grad the inputs are traced and cannot be used to plan the "
+                     "grid: pass plan=jaxacct.make_plan(...) (or dpsgd_plan) for the worst case")
+  if plan is not None:
+    run = lambda flat: _run(quantity, flat, plan, batch_size)
   else:
-    part = _batch.select(flat, busy)
-  if busy.size == 0:
-    result = None
-  elif plan is not None:
-    result = _run(quantity, part, plan, batch_size)
-  else:
-    result = _planned(quantity, part, planner, size_cache, batch_size)
-  if busy.size == empty.size:
-    return _batch.reshaped(result, shape)
-  # Settings of no steps: epsilon = delta = 0 exactly (no privacy loss), every certificate held.
-  fields = {name: np.zeros(empty.size, np.int32 if name == "status" else np.float64)
-            for name in _FIELDS}
-  if result is not None:
-    for name in _FIELDS:
-      fields[name][busy] = np.asarray(getattr(result, name))
-  return Bounds(**{name: jnp.asarray(value.reshape(shape)) for name, value in fields.items()})
+    run = lambda flat: _planned(quantity, flat, planner, size_cache, batch_size)
+  return _batch.answer(run, composition, x)
 
 
 def _planner(eps_error, delta_error, size_cache, smallest_delta=None):

@@ -236,7 +236,7 @@ def make_plan(composition, delta, eps_error=0.01, delta_error=1e-3, size_cache=N
     log_window_tail = math.log(1e-2 * eta)
     # Bracket ~ T beta(h) + h (sqrt(T log(1/eta)/2) + 1 + a few guard moves), beta(h) ~ h^2/8.
     target = 1.8 * eps_error  # the rest of 2 eps_error: the delta slack of the lower bound
-    slope = math.sqrt(0.5 * total * math.log(1.0 / eta)) + 5.0
+    slope = math.sqrt(-0.5 * total * math.log(eta)) + 5.0
     curvature = total / 8.0
     h = 2.0 * target / (slope + math.sqrt(slope * slope + 4.0 * curvature * target))
     flags = np.array([0.0] if composition.symmetric else [0.0, 1.0])

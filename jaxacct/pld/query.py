@@ -203,8 +203,8 @@ def _epsilon_direction(view, plan, delta):
   lower = lower - _lower_shift(view, plan, eta, h)
   floor = jnp.where(upper_target > 0.0, results.OK, results.BELOW_FLOOR).astype(jnp.int32)
   status = jnp.bitwise_or(view["status"].astype(jnp.int32), floor)
-  return _none_if_no_steps(view, Bounds(*(jnp.maximum(e, 0.0) for e in (lower, estimate, upper)),
-                                         status))
+  clipped = Bounds(*(jnp.maximum(e, 0.0) for e in (lower, estimate, upper)), status)
+  return results.zero_if(view["total_count"] == 0, clipped)  # (no steps: exactly 0, not ~h)
 
 
 def _delta_direction(view, plan, eps):
@@ -220,16 +220,8 @@ def _delta_direction(view, plan, eps):
   shifted = eps + _lower_shift(view, plan, eta, h)
   lower = (p_inf + _delta_on_grid(pmf, centre0 - 0.5 * h, h, shifted) * (1.0 - scale) - 2.0 * eta
            - view["window_below"] - view["fft_error"] - view["tail"])
-  return _none_if_no_steps(view, Bounds(*(jnp.clip(d, 0.0, 1.0) for d in (lower, estimate, upper)),
-                                         view["status"]))
-
-
-def _none_if_no_steps(view, bounds):
-  """A composition of no steps loses no privacy: epsilon = delta = 0 exactly (the grid's spread
-  of the point mass at 0 would otherwise give ~h)."""
-  none = view["total_count"] == 0
-  return Bounds(*(jnp.where(none, 0.0, v) for v in (bounds.lower, bounds.estimate, bounds.upper)),
-                jnp.where(none, 0, bounds.status).astype(jnp.int32))
+  clipped = Bounds(*(jnp.clip(d, 0.0, 1.0) for d in (lower, estimate, upper)), view["status"])
+  return results.zero_if(view["total_count"] == 0, clipped)
 
 
 _VIEW = ("pmf", "start", "window_above", "window_below", "fft_error", "mass_error", "status",
