@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+
 
 
 def newton_in_bracket(value_and_slope, lo, hi, x0, iters=8, tol=0.0):
@@ -29,31 +31,41 @@ def newton_in_bracket(value_and_slope, lo, hi, x0, iters=8, tol=0.0):
   least halves every two steps even where Newton crawls), and bisects otherwise; the bracket
   follows the sign of f. Without a sign change the iterates collapse onto the nearer end. At most
   ``iters`` steps (static shapes); it stops early once a step (Newton or bisection) moves x by at
-  most ``tol`` (for arrays: once every entry has). Returns (x, lo, hi, converged, the slope last
-  evaluated).
+  most ``tol`` (for arrays: once every entry has). With numpy arrays for lo, hi and x0 (and a
+  numpy ``value_and_slope``) the same iteration runs on the host. Returns (x, lo, hi, converged,
+  the slope last evaluated).
   """
+
+  # numpy arrays (a planner's pass on the host) run on the host; anything else in JAX.
+  host = all(isinstance(v, (np.ndarray, np.generic)) for v in (lo, hi, x0))
+  xp = np if host else jnp
 
   def step(carry):
     i, x, a, b, last, before_last, _, _ = carry
     fx, dfx = value_and_slope(x)
-    a = jnp.where(fx >= 0.0, x, a)
-    b = jnp.where(fx <= 0.0, x, b)
-    newton = x - fx / jnp.where(dfx < 0.0, dfx, -1.0)
+    a = xp.where(fx >= 0.0, x, a)
+    b = xp.where(fx <= 0.0, x, b)
+    newton = x - fx / xp.where(dfx < 0.0, dfx, -1.0)
     # A converged step lands on (or a rounding error beyond) the bracket end it just moved: it
     # is kept, clamped, rather than replaced by a bisection that would undo the convergence.
-    slack = 1e-3 * (b - a) + 4.0 * jnp.finfo(x.dtype).eps * jnp.abs(x)
+    slack = 1e-3 * (b - a) + 4.0 * xp.finfo(x.dtype).eps * xp.abs(x)
     inside = ((dfx < 0.0) & (newton >= a - slack) & (newton <= b + slack)
-              & (jnp.abs(newton - x) <= 0.5 * before_last))
-    x_next = jnp.where(inside, jnp.clip(newton, a, b), 0.5 * (a + b))
-    taken = jnp.where(inside, jnp.abs(newton - x), 0.5 * (b - a))
+              & (xp.abs(newton - x) <= 0.5 * before_last))
+    x_next = xp.where(inside, xp.clip(newton, a, b), 0.5 * (a + b))
+    taken = xp.where(inside, xp.abs(newton - x), 0.5 * (b - a))
     done = (taken <= tol) | (fx == 0.0)
     return i + 1, x_next, a, b, taken, last, done, dfx
 
-  lo, hi, x0 = jnp.broadcast_arrays(jnp.asarray(lo), jnp.asarray(hi), jnp.asarray(x0))
+  lo, hi, x0 = xp.broadcast_arrays(xp.asarray(lo), xp.asarray(hi), xp.asarray(x0))
   width = hi - lo
-  start = (0, x0, lo, hi, width, width, jnp.zeros(x0.shape, bool), jnp.full(x0.shape, -1.0))
-  _, x, a, b, _, _, done, slope = jax.lax.while_loop(
-      lambda c: (c[0] < iters) & ~jnp.all(c[6]), step, start)
+  carry = (0, x0, lo, hi, width, width, xp.zeros(x0.shape, bool), xp.full(x0.shape, -1.0))
+  going = lambda c: (c[0] < iters) & ~xp.all(c[6])
+  if xp is np:  # the same iteration, run on the host
+    while going(carry):
+      carry = step(carry)
+  else:
+    carry = jax.lax.while_loop(going, step, carry)
+  _, x, a, b, _, _, done, slope = carry
   return x, a, b, done, slope
 
 

@@ -105,7 +105,8 @@ def test_float64_in_a_float32_process_and_equal_to_the_front_door(name, x64_off)
   if accountant is not None:
     ref = _front_door(quantity, accountant, x)
     for field in ("lower", "estimate", "upper", "status"):
-      np.testing.assert_array_equal(np.asarray(getattr(out, field)), np.asarray(getattr(ref, field)))
+      np.testing.assert_array_equal(np.asarray(getattr(out, field)),
+                                    np.asarray(getattr(ref, field)))
 
 
 @pytest.mark.parametrize("name", sorted(QUERIES))

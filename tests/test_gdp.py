@@ -358,7 +358,8 @@ def test_jit_and_vmap_equal_eager():
   eager = each(gdp.epsilon_of_mu, GRID_MU, GRID_DELTA)
   assert np.all(np.isfinite(eager))
   with jax.enable_x64(True):
-    jitted = np.array([float(jax.jit(gdp.epsilon_of_mu)(m, d)) for m, d in zip(GRID_MU, GRID_DELTA)])
+    jitted = np.array([float(jax.jit(gdp.epsilon_of_mu)(m, d))
+                       for m, d in zip(GRID_MU, GRID_DELTA)])
     mapped = np.asarray(jax.jit(jax.vmap(gdp.epsilon_of_mu))(GRID_MU, GRID_DELTA))
   np.testing.assert_allclose(jitted, eager, rtol=1e-14)
   np.testing.assert_allclose(mapped, eager, rtol=1e-14)  # vmap over mu (and delta) = the loop

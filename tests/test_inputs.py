@@ -85,7 +85,8 @@ BAD_MODELS = [
 ]
 
 
-@pytest.mark.parametrize("make,pattern", [c[1:] for c in BAD_MODELS], ids=[c[0] for c in BAD_MODELS])
+@pytest.mark.parametrize("make,pattern", [c[1:] for c in BAD_MODELS],
+                         ids=[c[0] for c in BAD_MODELS])
 def test_bad_models_fail_at_construction(make, pattern):
   with pytest.raises(ValueError, match=pattern):
     make()

@@ -39,6 +39,17 @@ def test_newton_in_bracket_is_elementwise():
   np.testing.assert_allclose(np.asarray(x), -np.log(np.asarray(targets)), rtol=1e-12)
 
 
+def test_newton_in_bracket_runs_on_the_host_for_numpy_inputs():
+  """The planner's pass calls models with numpy values: the same iteration runs in numpy (no
+  compiled program) and finds the same roots."""
+  targets = np.array([0.9, 0.3, 1e-6])
+  slope = lambda x: (np.exp(-x) - targets, -np.exp(-x))
+  x, lo, hi, done, _ = newton_in_bracket(slope, np.zeros(3), np.full(3, 50.0), np.ones(3),
+                                         iters=100, tol=1e-14)
+  assert isinstance(x, np.ndarray) and bool(np.all(done))
+  np.testing.assert_allclose(x, -np.log(targets), rtol=1e-13)
+
+
 def test_root_in_bracket_implicit_gradient_polish_and_safe_ends():
   theta = 2.7
   cube_root = lambda t: root_in_bracket(lambda x: t - x ** 3, 0.0, 4.0, 60, tol=1e-14)

@@ -18,8 +18,9 @@ import numpy as np
 from jaxacct import _batch
 from jaxacct._inputs import check_delta, check_epsilon, check_range
 from jaxacct._numerics import as_leaf, fast_jit, float64, is_traced, scoped_gradients
-from jaxacct.composition import checked
+from jaxacct.composition import Composition, checked
 from jaxacct.pld import plan as _plan
+from jaxacct.pld import spectrum
 from jaxacct.pld.distribution import PrivacyLossDistribution, compose as _compose_pure
 from jaxacct.pld.query import delta_from_pld, epsilon_from_pld
 from jaxacct.results import BELOW_FLOOR, WINDOW_TOO_SMALL, Bounds
@@ -65,25 +66,58 @@ def _mapped(single):
 
 _RUNNERS = {"epsilon": (fast_jit(scoped_gradients(_epsilon_single)), _mapped(_epsilon_single)),
             "delta": (fast_jit(scoped_gradients(_delta_single)), _mapped(_delta_single))}
+_QUERIES = {"epsilon": epsilon_from_pld, "delta": delta_from_pld}
 _compose = fast_jit(scoped_gradients(_compose_pure))
 
 
-def _run(quantity, flat, plan, batch_size):
-  """The compiled accountant on a flat batch (leaves [settings, ...]): flat Bounds."""
+def _shared_many(mechanisms, counts, x, plan, chunk, quantity):
+  """A batch of compositions of the same models (counts [settings, entries]): each model is
+  discretised and transformed once, then each setting combines the shared spectra with its
+  counts (a count-weighted sum of logs), materialises and is queried."""
+  flags = spectrum.directions(Composition(mechanisms, counts[0]))
+  terms = spectrum.entry_terms_by_direction(mechanisms, flags, plan)
+
+  def single(args):
+    row, value = args
+    fields = spectrum.fields_from_terms(terms, list(row), plan)
+    return _QUERIES[quantity](PrivacyLossDistribution(plan=plan, **fields), value)
+
+  return jax.lax.map(single, (counts, x), batch_size=chunk if chunk > 1 else None)
+
+
+_shared = fast_jit(scoped_gradients(_shared_many, nondiff_argnums=(4, 5)), static_argnums=(4, 5))
+
+
+def _shares_models(composition):
+  """True when no model parameter is batched: the batch comes from the counts (or the query)."""
+  leaves = jax.tree_util.tree_leaves(composition.mechanisms)
+  return all(np.ndim(leaf) == n for leaf, n in zip(leaves, _batch.event_ndims(
+      composition.mechanisms)))
+
+
+def _run(quantity, flat, plan, batch_size, models=None):
+  """The compiled accountant on a flat batch (leaves [settings, ...]): flat Bounds. With
+  ``models`` (the compositions' shared, unbatched models) each model is evaluated once."""
   one, many = _RUNNERS[quantity]
   size = jax.tree_util.tree_leaves(flat)[0].shape[0]
   if size == 1:
     out = one(*_batch.take(flat, 0), plan)
     return jax.tree_util.tree_map(lambda a: jnp.reshape(a, (1,)), out)
+  if models is not None:
+    counts = jnp.stack([jnp.asarray(c) for c in flat[0].counts], axis=1)
+    return _shared(models, counts, jnp.asarray(flat[1]), plan, _chunk(plan, batch_size),
+                   quantity)
   return many(*flat, plan, _chunk(plan, batch_size))
 
 
-def _planned(quantity, flat, planner, size_cache, batch_size):
+def _planned(quantity, flat, planner, size_cache, batch_size, models=None):
   """``_run`` on a plan made for ``flat`` by ``planner``; what a certificate could not serve is
   rerun: on a wider window (twice at most) after WINDOW_TOO_SMALL, and, in a batch, a setting
-  whose certificate failed on the shared plan on a plan of its own (the tighter upper kept)."""
-  plan = planner(*flat)
-  result = _run(quantity, flat, plan, batch_size)
+  whose certificate failed on the shared plan on a plan of its own (the tighter upper kept).
+  With shared ``models`` the planner also evaluates each model once."""
+  composition, x = flat
+  plan = planner(composition if models is None else Composition(models, composition.counts), x)
+  result = _run(quantity, flat, plan, batch_size, models)
   for _ in range(2):
     if not np.any(np.asarray(result.status) & WINDOW_TOO_SMALL):
       break
@@ -91,7 +125,7 @@ def _planned(quantity, flat, planner, size_cache, batch_size):
     if wider is None:  # (as wide as float64 serves: the widened bounds stand)
       break
     plan = wider
-    result = _run(quantity, flat, plan, batch_size)
+    result = _run(quantity, flat, plan, batch_size, models)
   failed = np.flatnonzero(np.asarray(result.status) & _SHARED_PLAN_FAILED)
   if np.size(result.status) == 1 or failed.size == 0:
     return result
@@ -106,14 +140,19 @@ def _planned(quantity, flat, planner, size_cache, batch_size):
 
 def _answer(quantity, composition, x, plan, planner, size_cache, batch_size):
   """The front door's one pass (``_batch.answer``: settings of no steps answered at once), on
-  the caller's plan or, planned here, with the planner's reruns."""
+  the caller's plan or, planned here, with the planner's reruns. A batch of compositions that
+  share their models (only counts or the query batched) evaluates each model once."""
   if plan is None and is_traced((composition, x)):
     raise ValueError("under jit/vmap/grad the inputs are traced and cannot be used to plan the "
                      "grid: pass plan=jaxacct.make_plan(...) (or dpsgd_plan) for the worst case")
+  models = None
+  if not is_traced(composition) and _shares_models(composition):
+    models = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float64),
+                                    composition.mechanisms)
   if plan is not None:
-    run = lambda flat: _run(quantity, flat, plan, batch_size)
+    run = lambda flat: _run(quantity, flat, plan, batch_size, models)
   else:
-    run = lambda flat: _planned(quantity, flat, planner, size_cache, batch_size)
+    run = lambda flat: _planned(quantity, flat, planner, size_cache, batch_size, models)
   return _batch.answer(run, composition, x)
 
 

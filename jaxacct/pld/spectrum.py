@@ -123,18 +123,30 @@ _TINY = 1e-150  # spectrum values below this count as 0 (their powers are below 
 _LOW_BAND_MAX_Z = 0.5
 
 
-def _power(transform, count):
-  """transform ** count for an integer-valued count, as exp(count log F).
+def _log_spectrum(transform, fft_abs):
+  """Per coefficient of one step's spectrum: log F (0 where |F| < _TINY), whether |F| >= _TINY,
+  and the relative round-off of F^count per unit of count: the FFT's absolute error (~eps
+  log2(n) ||pmf||_2) relative to |F_k|, plus the power's own rounding.
 
-  Where |F| < _TINY the power is set to 0 (keeping gradients finite; the errata's objection to
-  exp(k log F) is NaN gradients where F underflows). Its round-off, count x (relative error of F)
-  + eps |count log F|, is bounded per coefficient in ``spectrum_error``; the low band, where that
-  error would be amplified, is replaced by ``low_log_spectrum``.
+  A composed spectrum is exp(sum_j count_j log F_j), 0 where a counted step has |F| < _TINY
+  (its power is below 1e-150; keeping log finite there keeps gradients finite: the objection to
+  exp(k log F) is NaN gradients where F underflows). Its round-off is bounded by the sum of
+  count_j times the rate (``spectrum_error``); the low band, where that error would be
+  amplified, is replaced by ``low_log_spectrum``.
   """
-  keep = jnp.abs(transform) > _TINY
-  safe = jnp.where(keep, transform, 1.0)
-  powered = jnp.where(keep, jnp.exp(count * jnp.log(safe)), 0.0)
-  return jnp.where(count == 0, 1.0 + 0j, powered)
+  magnitude = jnp.abs(transform)
+  keep = magnitude > _TINY
+  log_f = jnp.where(keep, jnp.log(jnp.where(keep, transform, 1.0)), 0.0)
+  floor = jnp.maximum(magnitude, _TINY)
+  # exp(c log F) rounds c log|F| and c arg F (|arg| <= pi) in the exponent, and the sum over
+  # steps adds its own rounding: 4 eps (1 + |log|F|| + pi) per unit of count covers all three.
+  rate = fft_abs / floor + 4.0 * F64_EPS * (1.0 + jnp.abs(jnp.log(floor)) + math.pi)
+  return log_f, keep, jax.lax.stop_gradient(rate)
+
+
+def _power_sums(log_sum, zero):
+  """exp of a composed log spectrum, 0 where a counted step's coefficient was below _TINY."""
+  return jnp.where(zero, 0.0 + 0j, jnp.exp(log_sum))
 
 
 def _rotation(phase, k, n):
@@ -143,25 +155,18 @@ def _rotation(phase, k, n):
   return jnp.exp(-2j * math.pi * turns)
 
 
-def _coefficient_error(transform, count, fft_abs):
-  """Relative round-off bound of transform ** count: the FFT's absolute error (~eps log2(n)
-  ||pmf||_2 per coefficient) relative to |F_k|, times the count, plus the power's own rounding.
-  (The rounding of the total mass is a common factor, kept apart in ``mass_error``.)"""
-  magnitude = jnp.maximum(jnp.abs(transform), _TINY)
-  return count * (fft_abs / magnitude + F64_EPS * (1.0 + jnp.abs(jnp.log(magnitude))))
-
-
 def entry_terms(mech, add, plan):
-  """What one entry contributes, independent of its count: its discretised step's spectrum
-  (and round-off scale), low-band log spectrum, grid position and bookkeeping."""
+  """What one entry contributes, independent of its count: its discretised step's log spectrum
+  (with its round-off rates), low-band log spectrum, grid position and bookkeeping."""
   n, k0, k1 = plan.fft_size, plan.low_frequencies, plan.band
   h = jax.lax.stop_gradient(plan.grid_step)
   step = discretise(mech, add, plan)
   transform = jnp.fft.rfft(step.pmf, n=n)
   fft_abs = _FFT_ULPS * F64_EPS * math.log2(n) * jnp.sqrt(jnp.sum(step.pmf ** 2))
+  log_f, keep, rate = _log_spectrum(transform, jax.lax.stop_gradient(fft_abs))
   step_log, centre, deviation = low_log_spectrum(step.pmf, n, k0, plan.block)
-  terms = dict(transform=transform, fft_abs=jax.lax.stop_gradient(fft_abs), low_log=step_log,
-               centre=centre, deviation=deviation, start=step.start, cgf=step_cgf(step, h),
+  terms = dict(log_f=log_f, keep=keep, rate=rate, low_log=step_log, centre=centre,
+               deviation=deviation, start=step.start, cgf=step_cgf(step, h),
                log_finite=step.log_finite, tail=step.tail, moved=step.moved, bias=step.bias)
   if k1 < n // 2 + 1:  # the largest |F_k| above the band
     terms["largest"] = jnp.max(jnp.abs(jax.lax.stop_gradient(transform[k1:])))
@@ -172,7 +177,8 @@ def _empty(plan):
   """The running sums of a composition of no steps."""
   n, k0, k1 = plan.fft_size, plan.low_frequencies, plan.band
   zero = jnp.zeros(())
-  return dict(spectrum=jnp.ones(k1, dtype=jnp.complex128), spectrum_error=jnp.zeros(k1),
+  return dict(log_band=jnp.zeros(k1, dtype=jnp.complex128), band_zero=jnp.zeros(k1, bool),
+              spectrum_error=jnp.zeros(k1),
               high_log=zero, low_log=jnp.zeros(k0, dtype=jnp.complex128), low_error=jnp.zeros(k0),
               low_ok=jnp.ones(k0, dtype=bool), phase=jnp.zeros((), jnp.int64), mass_error=zero,
               base=jnp.zeros((), jnp.int64), cgf=jnp.zeros((2, len(TILTS))), log_finite=zero,
@@ -183,9 +189,9 @@ def _add_entry(acc, terms, count, plan):
   """The running sums after ``count`` (integer-valued) further uses of an entry."""
   n, k0, k1 = plan.fft_size, plan.low_frequencies, plan.band
   k = count.astype(jnp.int64)
-  transform = terms["transform"]
   acc = dict(acc)
-  acc["spectrum"] = acc["spectrum"] * _power(transform[:k1], count)
+  acc["log_band"] = acc["log_band"] + count * terms["log_f"][:k1]
+  acc["band_zero"] = acc["band_zero"] | (~terms["keep"][:k1] & (count > 0))
   if k1 < n // 2 + 1:  # log of the largest |F_k|^count above the band
     acc["high_log"] = acc["high_log"] + count * jnp.log(jnp.maximum(terms["largest"], _TINY))
   acc["low_log"] = acc["low_log"] + count * terms["low_log"]
@@ -195,8 +201,7 @@ def _add_entry(acc, terms, count, plan):
   theta_block = (2.0 * math.pi * (plan.block - 1) / n) * jnp.arange(k0)  # largest theta r
   acc["low_error"] = acc["low_error"] + jax.lax.stop_gradient(
       count * (256.0 * F64_EPS * terms["deviation"] + theta_block ** _TAYLOR_TERMS / 362880.0))
-  acc["spectrum_error"] = acc["spectrum_error"] + jax.lax.stop_gradient(
-      _coefficient_error(transform[:k1], count, terms["fft_abs"]))
+  acc["spectrum_error"] = acc["spectrum_error"] + count * terms["rate"][:k1]
   acc["mass_error"] = acc["mass_error"] + count * _FFT_ULPS * F64_EPS
   acc["base"] = acc["base"] + k * terms["start"]
   # (A count of 0 adds nothing, also at tilts whose MGF is +inf on a coarse grid.)
@@ -207,17 +212,23 @@ def _add_entry(acc, terms, count, plan):
   return acc
 
 
-def _accumulate(composition, add, plan):
-  """Spectrum product on the band k < plan.band and bookkeeping for one direction.
+def entry_terms_by_direction(mechanisms, flags, plan):
+  """``entry_terms`` of each entry (a list) for each direction flag (leading axis): what a
+  batch of compositions that share these models needs to compute only once."""
+  return jax.vmap(lambda add: [entry_terms(mech, add, plan) for mech in mechanisms])(
+      jnp.asarray(flags))
 
-  Returns the running sums and, per step, (transform, count, fft_abs) for ``_high_band``.
-  """
+
+def _accumulate(terms, counts, plan):
+  """Spectrum product on the band k < plan.band and bookkeeping for one direction, from each
+  entry's terms and count. Returns the running sums and, per entry, (log F, |F| >= _TINY,
+  round-off rate, count) for ``_high_band``."""
   acc, steps = _empty(plan), []
-  for mech, count in zip(composition.mechanisms, composition.counts):
+  for entry, count in zip(terms, counts):
     count = integer_count(count)
-    terms = entry_terms(mech, add, plan)
-    steps.append((terms["transform"], count, terms["fft_abs"]))
-    acc = _add_entry(acc, terms, count, plan)
+    steps.append((entry["log_f"], entry["keep"], entry["rate"], count))
+    acc = _add_entry(acc, entry, count, plan)
+  acc["spectrum"] = _power_sums(acc.pop("log_band"), acc.pop("band_zero"))
   return acc, steps
 
 
@@ -247,13 +258,15 @@ def _high_band(acc, steps, plan, previous=None):
     return jnp.zeros(shape, jnp.complex128), jnp.zeros(shape)
 
   def computed():
-    spectrum = jnp.ones_like(steps[0][0][..., k1:])
-    error = jnp.zeros(spectrum.shape)
-    for transform, count, fft_abs in steps:
+    log_sum = jnp.zeros_like(steps[0][0][..., k1:])
+    zero = jnp.zeros(log_sum.shape, bool)
+    error = jnp.zeros(log_sum.shape)
+    for log_f, keep, rate, count in steps:
       count_ = count[..., None]
-      spectrum = spectrum * _power(transform[..., k1:], count_)
-      error = error + jax.lax.stop_gradient(
-          _coefficient_error(transform[..., k1:], count_, fft_abs[..., None]))
+      log_sum = log_sum + count_ * log_f[..., k1:]
+      zero = zero | (~keep[..., k1:] & (count_ > 0))
+      error = error + count_ * rate[..., k1:]
+    spectrum = _power_sums(log_sum, zero)
     if previous is not None:
       spectrum = spectrum * previous["spectrum"][..., k1:]
       error = error + previous["spectrum_error"][..., k1:]
@@ -310,12 +323,27 @@ def directions(composition):
   return np.array([0.0] if composition.symmetric else [0.0, 1.0])
 
 
+def fields_from_terms(terms, counts, plan, previous=None):
+  """The composed PLD's fields for each direction from the entries' terms (``entry_terms_by_
+  direction``) and counts; ``previous`` holds the fields of a PLD being appended to (its
+  spectrum, low_ok and running sums: spectra multiply, running sums add)."""
+  acc, steps = jax.vmap(_accumulate, in_axes=(0, None, None))(terms, counts, plan)
+  if previous is not None:
+    k1 = plan.band
+    for key in RUNNING_SUMS:
+      if key not in ("spectrum_error", "high_log"):
+        acc[key] = acc[key] + previous[key]
+    acc["low_ok"] = acc["low_ok"] & previous["low_ok"]
+    acc["spectrum"] = acc["spectrum"] * previous["spectrum"][:, :k1]
+    acc["spectrum_error"] = acc["spectrum_error"] + previous["spectrum_error"][:, :k1]
+  acc = _high_band(acc, steps, plan, previous)
+  return dict(**acc, **jax.vmap(materialise, (0, None))(acc, plan))
+
+
 def compose_fields(composition, plan):
   """The composed PLD's fields for each adjacency direction (leading axis; pure, jit/vmap-able)."""
-  acc, steps = jax.vmap(_accumulate, in_axes=(None, 0, None))(
-      composition, directions(composition), plan)
-  acc = _high_band(acc, steps, plan)
-  return dict(**acc, **jax.vmap(materialise, (0, None))(acc, plan))
+  terms = entry_terms_by_direction(composition.mechanisms, directions(composition), plan)
+  return fields_from_terms(terms, composition.counts, plan)
 
 
 RUNNING_SUMS = ("low_log", "low_error", "phase", "spectrum_error", "high_log", "mass_error",
@@ -324,19 +352,10 @@ RUNNING_SUMS = ("low_log", "low_error", "phase", "spectrum_error", "high_log", "
 
 def append_fields(previous, composition, plan):
   """The fields after further steps: ``previous`` (a composed PLD's fields: its spectrum, low_ok
-  and running sums) followed by ``composition``; spectra multiply, running sums add."""
+  and running sums) followed by ``composition``."""
   n_dir = previous["spectrum"].shape[0]
   if directions(composition).shape[0] > n_dir:
     raise ValueError("cannot append an asymmetric mechanism to a PLD composed in one direction; "
                      "compose the whole list instead")
-  k1 = plan.band
-  acc, steps = jax.vmap(_accumulate, in_axes=(None, 0, None))(
-      composition, jnp.array([0.0, 1.0][:n_dir]), plan)
-  for key in RUNNING_SUMS:
-    if key not in ("spectrum_error", "high_log"):
-      acc[key] = acc[key] + previous[key]
-  acc["low_ok"] = acc["low_ok"] & previous["low_ok"]
-  acc["spectrum"] = acc["spectrum"] * previous["spectrum"][:, :k1]
-  acc["spectrum_error"] = acc["spectrum_error"] + previous["spectrum_error"][:, :k1]
-  acc = _high_band(acc, steps, plan, previous)
-  return dict(**acc, **jax.vmap(materialise, (0, None))(acc, plan))
+  terms = entry_terms_by_direction(composition.mechanisms, np.array([0.0, 1.0][:n_dir]), plan)
+  return fields_from_terms(terms, composition.counts, plan, previous)
