@@ -206,19 +206,16 @@ def safe_where(cond, fn_true, fn_false, x):
   return jnp.where(cond, fn_true(xt), fn_false(xf))
 
 
-def hockey_primitive(d):
-  """phi(d) = d - 1 + exp(-d) for d >= 0, the integral of (1 - e^{-u}) over [0, d].
-
-  Uses a Taylor series below 1e-3 where ``d + expm1(-d)`` would cancel.
-  """
-  d = jnp.maximum(d, 0.0)
-  series = d * d * 0.5 * (1.0 - d / 3.0 * (1.0 - d / 4.0 * (1.0 - d / 5.0 * (1.0 - d / 6.0))))
-  return jnp.where(d < 1e-3, series, d + jnp.expm1(-d))
-
-
 def is_traced(tree) -> bool:
   """True when any leaf is a tracer (we are inside a caller's jit/vmap/grad)."""
   return any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree))
+
+
+_JITTED = []  # every program-compiling function of the package (see release_programs)
+# Compiled programs kept before the package releases its own: every compiled XLA:CPU program keeps
+# its own memory maps (a PLD program ~470), and past the kernel's vm.max_map_count (often 65530)
+# the next compilation fails. A sweep over many plans in one process recompiles instead.
+PROGRAM_BUDGET = 48
 
 
 def fast_jit(fn, **kwargs):
@@ -230,11 +227,23 @@ def fast_jit(fn, **kwargs):
   epsilon on some programs, so no compiler options are set.)
   """
   jitted = jax.jit(fn, **kwargs)
+  _JITTED.append(jitted)
 
   @functools.wraps(fn)
   def call(*args, **kw):
     if is_traced((args, kw)):
       return fn(*args, **kw)
+    release_programs()
     return jitted(*args, **kw)
 
   return call
+
+
+def release_programs(budget=None):
+  """Drops the package's own compiled programs (never the caller's) once more than ``budget``
+  (default ``PROGRAM_BUDGET``) are held, so a process that plans many distinct grids stays within
+  the kernel's memory-map limit. Results do not change: a dropped program is compiled again."""
+  budget = PROGRAM_BUDGET if budget is None else budget
+  if sum(jitted._cache_size() for jitted in _JITTED) > budget:
+    for jitted in _JITTED:
+      jitted.clear_cache()

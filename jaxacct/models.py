@@ -129,6 +129,11 @@ class PrivacyLoss:
   def inf_mass(self, add=False):
     return jnp.zeros(())
 
+  def has_atoms(self) -> bool:
+    """Whether the loss has point masses at finite values (a grid's error is then first order
+    in its step near them, not second order: the planner refines the grid)."""
+    return False
+
   def loss_range(self, log_tail, add=False):
     raise NotImplementedError
 
@@ -232,6 +237,9 @@ class Laplace(PrivacyLoss):
     e0 = self.sensitivity / self.scale
     return -e0, e0
 
+  def has_atoms(self) -> bool:
+    return True
+
   def loss_nodes(self, t, add=False, t_high=None, panels=None):
     # Atoms at e0 (P-mass 1/2) and -e0 (e^{-e0}/2); density e^{(l - e0)/2}/4 in between
     # (analytic, so Gauss-Legendre is exact to rounding). Valid for every tilt.
@@ -272,6 +280,9 @@ class EpsilonDelta(PrivacyLoss):
 
   def inf_mass(self, add=False):
     return jnp.asarray(self.delta, dtype=jnp.result_type(float))
+
+  def has_atoms(self) -> bool:
+    return True
 
   def loss_range(self, log_tail, add=False):
     return -self.epsilon, self.epsilon
@@ -363,6 +374,9 @@ class PoissonSampled(PrivacyLoss):
     # With q = 1 the base's -inf atom under Q is P(L = +inf) in the add pair; p_sf includes it.
     added = (on(bq_sf, 1.0), on(bq_cdf, 0.0), on(mix_sf, 1.0), on(mix_cdf, 0.0))
     return tuple(xp.where(add, a, r) for r, a in zip(remove, added))
+
+  def has_atoms(self) -> bool:
+    return self.base.has_atoms()
 
   def inf_mass(self, add=False):
     q = self.rate

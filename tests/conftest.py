@@ -72,3 +72,30 @@ def _release_compiled_programs():
   if _memory_maps() > 30_000:
     import jax
     jax.clear_caches()
+
+
+def laplace_delta(eps, e0, k):
+  """Exact delta(eps) of k = 1 or 2 Laplace steps with e0 = sensitivity / scale, by quadrature
+  of the loss law: atoms at +e0 (mass 1/2) and -e0 (e^{-e0}/2), density e^{(l - e0)/2}/4 on
+  (-e0, e0) under P."""
+  from scipy import integrate
+  atoms = [(e0, 0.5), (-e0, 0.5 * math.exp(-e0))]
+  density = lambda l: 0.25 * math.exp(0.5 * (l - e0))
+  g = lambda s: max(0.0, -math.expm1(eps - s))
+  quad = lambda f, lo, hi: integrate.quad(f, lo, hi, epsabs=1e-15, epsrel=1e-13, limit=200)[0]
+  if k == 1:
+    return sum(w * g(a) for a, w in atoms) + quad(lambda l: density(l) * g(l), -e0, e0)
+  assert k == 2
+  total = sum(wa * wb * g(a + b) for a, wa in atoms for b, wb in atoms)
+  total += 2 * sum(w * quad(lambda l: density(l) * g(a + l), -e0, e0) for a, w in atoms)
+  inner = lambda l1: quad(lambda l2: density(l2) * g(l1 + l2), max(-e0, eps - l1), e0)
+  return total + quad(lambda l1: density(l1) * inner(l1), -e0, e0)
+
+
+def epsilon_of(delta_fn, delta, high):
+  """The smallest eps >= 0 with delta_fn(eps) <= delta (delta_fn non-increasing; brentq in log
+  delta, to 1e-13)."""
+  if delta_fn(0.0) <= delta:
+    return 0.0
+  f = lambda e: math.log(max(delta_fn(e), 1e-300)) - math.log(delta)
+  return optimize.brentq(f, 0.0, high, xtol=1e-13, rtol=1e-15)

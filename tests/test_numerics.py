@@ -84,14 +84,15 @@ def test_suffix_sums_match_numpy(n):
 
 @pytest.mark.parametrize("triangle_max", [2048, 4])
 def test_tail_sums_find_the_crossing_cell(monkeypatch, triangle_max):
-  """d(b) = sum_{j >= b} pmf_j (1 - c e^{(b - j) h}) at every boundary, and the cell where it
-  crosses a target, against a long-double sum (block sums by either suffix-sum path)."""
+  """d(b) = sum_{j >= b} pmf_j (1 - kappa e^{(b - j) h}), kappa = (1 + e^{-h})/2 (each mass
+  spread over its cell uniformly in e^{-y}), at every boundary, and the cell where it crosses a
+  target, against a long-double sum (block sums by either suffix-sum path)."""
   monkeypatch.setattr(query, "_TRIANGLE_MAX", triangle_max)
   n, h = 5000, 0.003
   j = np.arange(n)
   pmf = np.exp(-0.5 * ((j - 2100) / 400.0) ** 2)
   pmf /= pmf.sum()
-  c = -np.expm1(-h) / h
+  c = (1 + np.exp(-np.longdouble(h))) / 2
   lj = j.astype(np.longdouble)
   def d_exact(b):
     return float(np.sum(pmf[b:] * (1 - c * np.exp((b - lj[b:]) * h))))
@@ -120,7 +121,7 @@ def test_epsilon_below_the_grid_is_rounded_to_the_safe_side(gap):
   pmf = np.exp(-0.5 * ((np.arange(n) - 1400) / 300.0) ** 2)
   pmf /= pmf.sum()
   j = np.arange(n, dtype=np.longdouble)
-  c = -np.expm1(np.longdouble(-h)) / h
+  c = (1 + np.exp(-np.longdouble(h))) / 2
   total = np.sum(pmf.astype(np.longdouble))
   d0 = np.sum(pmf * (1 - c * np.exp(-j * h)))
   target = float(total - gap * (total - d0))  # (total - target) / (total - d0) = gap
@@ -206,3 +207,30 @@ def test_nearby_settings_share_one_program_through_a_size_cache():
   assert alone[-1].sizes == own_plan.sizes
   assert [p.sizes for p in alone] == [jaxacct.dpsgd_plan(s, 0.01, 1000, 1e-5).sizes
                                       for s in sigmas[::-1]][::-1]
+
+
+@pytest.mark.parametrize("h", [1e-4, 3e-3, 0.05])
+def test_cell_spread_is_uniform_in_exp_minus_loss(h):
+  """delta of one unit of mass spread over its cell, uniformly in u = e^{-y}, against a direct
+  long-double average of (1 - e^{eps - y})_+; the spread that keeps the mean of e^{-y} (upper
+  bound, estimate) is never below the point mass (Jensen), the one below the point (lower
+  bound) never above, and both are continuous with a continuous slope in eps."""
+  c = 0.3
+  keep_mean = float(np.log1p(2.0 * np.sinh(0.25 * h) ** 2))
+  u = np.linspace(0.0, 1.0, 200_001, dtype=np.longdouble)
+  for shift, relation in ((keep_mean, 1), (-0.5 * h, -1)):
+    left = np.longdouble(c + shift - 0.5 * h)
+    us = np.exp(-left - h) + u * (np.exp(-left) - np.exp(-left - h))  # uniform in e^{-y}
+    eps_grid = c + np.linspace(-3 * h, 3 * h, 61)
+    with jax.enable_x64(True):
+      got = np.array([float(query._delta_on_grid(jnp.array([1.0]), c + shift, h, e))
+                      for e in eps_grid])
+    for e, g in zip(eps_grid, got):
+      direct = np.trapezoid(np.maximum(0.0, 1.0 - np.exp(np.longdouble(e)) * us), u)
+      assert g == pytest.approx(float(direct), abs=1e-9)
+      point = max(0.0, 1.0 - np.exp(e - c))
+      assert (g >= point - 1e-15) if relation > 0 else (g <= point + 1e-15)
+    # C^1: over steps of h/10 the slope turns by ~0.1 (a curvature ~1/h inside the cell); a
+    # kink (as a point mass gives) would jump by ~1 at one step.
+    slope = np.diff(got) / np.diff(eps_grid)
+    assert np.max(np.abs(np.diff(slope))) <= 0.15 * np.max(np.abs(slope))

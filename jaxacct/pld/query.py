@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxacct import results
-from jaxacct._numerics import F64_EPS, hockey_primitive
+from jaxacct._numerics import F64_EPS
 from jaxacct._solver import implicit_root, newton_in_bracket
 from jaxacct.results import Bounds
 
@@ -47,12 +47,28 @@ def _guard_moves(mean, eta):
   return jnp.where(failing < m.shape[0], failing.astype(jnp.float64), jnp.inf)
 
 
+def _cell_share(w, h):
+  """What one unit of mass spread over a cell [L, L + h] (uniformly in u = e^{-y}) contributes
+  to delta at eps = L + w: the mean of (1 - e^{eps - y})_+. With kappa = (1 + e^{-h})/2 it is
+  1 - kappa e^w for w <= 0 (the whole cell above eps), 0 for w >= h, and
+  expm1(w - h)^2 e^{-w} / (2 (1 - e^{-h})) in between: C^1 in w (and so in eps)."""
+  inside = jnp.clip(w, 0.0, h)
+  partial = jnp.expm1(inside - h) ** 2 * jnp.exp(-inside) / (-2.0 * jnp.expm1(-h))
+  kappa = 1.0 + 0.5 * jnp.expm1(-h)
+  whole = 1.0 - kappa * jnp.exp(jnp.minimum(w, 0.0))
+  return jnp.where(w <= 0.0, whole, partial)
+
+
 def _delta_on_grid(pmf, first_centre, h, eps):
-  """sum_i pmf_i * mean of (1 - e^{eps - y})_+ over y in [c_i - h/2, c_i + h/2] (finite part)."""
-  centres = first_centre + jnp.arange(pmf.shape[0]) * h
-  upper = hockey_primitive(centres + 0.5 * h - eps)
-  lower = hockey_primitive(centres - 0.5 * h - eps)
-  return jnp.sum(pmf * (upper - lower)) / h
+  """sum_i pmf_i x the mean of (1 - e^{eps - y})_+ over its mass spread uniformly in e^{-y}
+  over the cell [c_i - h/2, c_i + h/2] (finite part).
+
+  Uniform in e^{-y}, not in y: (1 - e^{eps - y})_+ is convex in e^{-y}, so a spread that keeps
+  the cell's mean of e^{-y} (the upper bound's and the estimate's: cells shifted by log cosh(h/2)
+  ~ h^2/8) can only raise delta, by Jensen (the upper stays certified with no shift of h/2),
+  and one wholly below c_i (the lower bound's) only lower it."""
+  lefts = first_centre - 0.5 * h + jnp.arange(pmf.shape[0]) * h
+  return jnp.sum(pmf * _cell_share(eps - lefts, h))
 
 
 _TAIL_BLOCK = 512  # grid points per block of the two-level tail sums
@@ -99,9 +115,9 @@ class _TailSums:
     return _TailSums(jnp.swapaxes(rows, 0, 1), after, h, n)
 
   def _weight(self, b):
-    """c e^{rel_b}: d(b) = mass(b) - c e^{rel_b} scaled(b)."""
+    """kappa e^{rel_b}: d(b) = mass(b) - kappa e^{rel_b} scaled(b) (``_cell_share`` at w <= 0)."""
     rel = (b - self.n // 2).astype(jnp.float64) * self.h
-    return -jnp.expm1(-self.h) / self.h * jnp.exp(rel)
+    return (1.0 + 0.5 * jnp.expm1(-self.h)) * jnp.exp(rel)
 
   def delta_at_start(self):
     """(total mass, d(0))."""
@@ -146,8 +162,11 @@ def _epsilon_on_grid(pmf, sums: _TailSums, first_centre, h, target, side):
 
     def local(x):  # delta_grid(x) - target and its slope, for x in cell i
       tilt = jnp.exp(x - b) * weighted_right
-      value = mass_right - tilt + p_i * hockey_primitive(b - x) / h - tgt
-      return value, -tilt + p_i * jnp.expm1(x - b) / h
+      w = jnp.clip(x - a, 0.0, h)
+      spread = -2.0 * jnp.expm1(-h)
+      value = mass_right - tilt + p_i * jnp.expm1(w - h) ** 2 * jnp.exp(-w) / spread - tgt
+      slope = jnp.exp(-w) * jnp.expm1(w - h) * (jnp.exp(w - h) + 1.0) / spread
+      return value, -tilt + p_i * slope
 
     frac = jnp.clip((d_i - tgt) / jnp.maximum(d_i - d_next, 1e-300), 0.0, 1.0)
     # 12 steps: with 6, ~3% of the roots on a fine delta sweep were still unconverged (the
@@ -174,7 +193,14 @@ def _epsilon_on_grid(pmf, sums: _TailSums, first_centre, h, target, side):
   return jnp.where(valid, eps, jnp.inf)
 
 
-_SHIFTS = np.array([-0.5, 0.0, 0.5])  # lower, estimate, upper: where each cell's mass is spread
+def _shifts(h):
+  """Where each cell's mass is spread, for the lower bound, the estimate and the upper bound:
+  the cell's centre moves by -h/2 (the mass spread below the grid point: a lower bound) or by
+  log cosh(h/2) (the spread that keeps the mean of e^{-y}: an upper bound by Jensen)."""
+  keep_mean = jnp.log1p(2.0 * jnp.sinh(0.25 * h) ** 2)  # log cosh(h/2), ~h^2/8
+  return jnp.stack([-0.5 * h, keep_mean, keep_mean])
+
+
 _ESTIMATE = np.array([0.0, 1.0, 0.0])  # only the estimate is de-biased
 
 
@@ -196,10 +222,10 @@ def _epsilon_direction(view, plan, delta):
   lower_target = (delta - p_inf + 2.0 * eta + view["window_below"] + view["fft_error"]
                   + view["tail"]) / (1.0 - scale)
   targets = jnp.stack([lower_target, delta - p_inf, upper_target])
-  centres = view["start"].astype(jnp.float64) * h + _SHIFTS * h - _ESTIMATE * view["bias"]
+  centres = view["start"].astype(jnp.float64) * h + _shifts(h) - _ESTIMATE * view["bias"]
   sums = _TailSums.of(pmf, h)
   solve = lambda centre, target, side: _epsilon_on_grid(pmf, sums, centre, h, target, side)
-  lower, estimate, upper = jax.vmap(solve)(centres, targets, jnp.sign(_SHIFTS))
+  lower, estimate, upper = jax.vmap(solve)(centres, targets, jnp.array([-1.0, 0.0, 1.0]))
   lower = lower - _lower_shift(view, plan, eta, h)
   floor = jnp.where(upper_target > 0.0, results.OK, results.BELOW_FLOOR).astype(jnp.int32)
   status = jnp.bitwise_or(view["status"].astype(jnp.int32), floor)
@@ -212,13 +238,14 @@ def _delta_direction(view, plan, eps):
   pmf = view["pmf"]
   p_inf = -jnp.expm1(view["log_finite"])
   centre0 = view["start"].astype(jnp.float64) * h
-  estimate = p_inf + _delta_on_grid(pmf, centre0 - view["bias"], h, eps)
+  shift = _shifts(h)
+  estimate = p_inf + _delta_on_grid(pmf, centre0 + shift[1] - view["bias"], h, eps)
   scale = view["mass_error"]
-  upper = (p_inf + _delta_on_grid(pmf, centre0 + 0.5 * h, h, eps) * (1.0 + scale)
+  upper = (p_inf + _delta_on_grid(pmf, centre0 + shift[2], h, eps) * (1.0 + scale)
            + view["window_above"] + view["fft_error"])
   eta = plan.delta_error * jnp.maximum(estimate, 1e-300)
   shifted = eps + _lower_shift(view, plan, eta, h)
-  lower = (p_inf + _delta_on_grid(pmf, centre0 - 0.5 * h, h, shifted) * (1.0 - scale) - 2.0 * eta
+  lower = (p_inf + _delta_on_grid(pmf, centre0 + shift[0], h, shifted) * (1.0 - scale) - 2.0 * eta
            - view["window_below"] - view["fft_error"] - view["tail"])
   clipped = Bounds(*(jnp.clip(d, 0.0, 1.0) for d in (lower, estimate, upper)), view["status"])
   return results.zero_if(view["total_count"] == 0, clipped)
