@@ -8,21 +8,24 @@ Quick start::
     eps.lower, eps.estimate, eps.upper   # certified: lower <= true epsilon <= upper
 """
 
-from jaxacct import cgf, edgeworth, gdp, rdp, spa
+from jaxacct import calibrate, cgf, edgeworth, gdp, pld, rdp, spa
 from jaxacct.api import (ACCOUNTANTS, RELATIONS, compose, delta, dpsgd_composition, dpsgd_delta,
                          dpsgd_epsilon, dpsgd_plan, epsilon, make_plan)
+from jaxacct.calibrate import get_noise_multiplier
 from jaxacct.composition import Composition
+from jaxacct.mixture import MixtureOfGaussians
 from jaxacct.models import (EpsilonDelta, Gaussian, Laplace, PoissonSampled, PrivacyLoss, PureDP,
                             SampledGaussianReplaceOne)
-from jaxacct.pld import Plan, PrivacyLossDistribution
+from jaxacct.pld import Plan, PrivacyLossDistribution, SizeCache
 from jaxacct.results import Bounds
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ACCOUNTANTS", "Bounds", "Composition", "EpsilonDelta", "Gaussian", "Laplace", "Plan",
-    "PoissonSampled", "PrivacyLoss", "PrivacyLossDistribution", "PureDP", "RELATIONS",
-    "SampledGaussianReplaceOne",
+    "ACCOUNTANTS", "Bounds", "Composition", "EpsilonDelta", "Gaussian", "Laplace",
+    "MixtureOfGaussians", "Plan", "PoissonSampled", "PrivacyLoss", "PrivacyLossDistribution",
+    "PureDP", "RELATIONS", "SampledGaussianReplaceOne", "SizeCache",
     "compose", "delta", "dpsgd_composition", "dpsgd_delta", "dpsgd_epsilon", "dpsgd_plan",
-    "epsilon", "make_plan", "cgf", "edgeworth", "gdp", "rdp", "spa",
+    "epsilon", "get_noise_multiplier", "make_plan", "calibrate", "cgf", "edgeworth", "gdp",
+    "pld", "rdp", "spa",
 ]

@@ -2,6 +2,9 @@
 
 * ``newton_in_bracket``: safeguarded Newton on a sign bracket (rtsafe-style), elementwise over
   arrays, a static iteration budget.
+* ``bracket_search``: grows a sign bracket from a guess and shrinks it by the Illinois secant,
+  in one loop that evaluates the function once per iteration (calibration: each value is a
+  certified accountant, and the function is compiled once); on real or whole-number unknowns.
 * ``bisect``: plain bisection of an increasing function (placing quadrature nodes; no gradient).
 * ``expand_bracket``: from an initial guess, step outwards geometrically until the sign changes
   (calibration: the unknown's range is not known in advance); says when no bracket was found.
@@ -19,7 +22,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 
 
 def newton_in_bracket(value_and_slope, lo, hi, x0, iters=8, tol=0.0):
@@ -67,6 +69,72 @@ def newton_in_bracket(value_and_slope, lo, hi, x0, iters=8, tol=0.0):
     carry = jax.lax.while_loop(going, step, carry)
   _, x, a, b, _, _, done, slope = carry
   return x, a, b, done, slope
+
+
+def bracket_search(evaluate, x0, *, step, lower, upper, iters=60, tol=0.0, whole=False):
+  """Root of a decreasing scalar function of x > 0, without a known bracket; values only.
+
+  ``evaluate(x)`` returns (f(x), aux). From ``x0`` the search steps outwards in log x by
+  ``step``, doubling, towards the root's side and within [``lower``, ``upper``], until f changes
+  sign; then it shrinks the bracket [a, b] (f(a) >= 0 >= f(b)) by the Illinois method: the secant
+  point of the bracket in log x (the value kept at an end that survived twice is halved, so
+  convergence stays superlinear), the midpoint where that point is not finite or not inside. One
+  evaluation per iteration, at most ``iters``; it stops once b - a <= ``tol`` * b (``whole``: x
+  is a whole number, points are rounded, and it stops at b - a <= 1). Traceable, no gradient
+  (wrap it in ``implicit_root`` for one).
+
+  Returns (a, b, aux at a, aux at b, found): both ends evaluated where ``found``; otherwise the
+  search reached the end of the domain without a sign change (the function keeps one sign).
+  """
+  x0 = jnp.asarray(x0, jnp.result_type(float))
+  lower, upper = jnp.asarray(lower, x0.dtype), jnp.asarray(upper, x0.dtype)
+  snap = jnp.round if whole else (lambda x: x)
+  aux0 = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype),
+                                jax.eval_shape(lambda x: evaluate(x)[1], x0))
+
+  def narrow(a, b):
+    return (b - a <= 1.0) if whole else (b - a <= tol * b)
+
+  def cond(c):
+    return (c["i"] < iters) & ~c["stop"]
+
+  def body(c):
+    x = c["x"]
+    fx, aux = evaluate(x)
+    right = fx >= 0.0  # the root lies at or above x
+    zero = fx == 0.0   # (then x is both ends)
+    have_a, have_b = c["have_a"] | right, c["have_b"] | ~right | zero
+    # Illinois: an end kept twice in a row has its value halved (kept: +1 = b, -1 = a).
+    fa = jnp.where(~right & (c["kept"] < 0), 0.5 * c["fa"], c["fa"])
+    fb = jnp.where(right & (c["kept"] > 0), 0.5 * c["fb"], c["fb"])
+    a, fa = jnp.where(right, x, c["a"]), jnp.where(right, fx, fa)
+    b, fb = jnp.where(right & ~zero, c["b"], x), jnp.where(right & ~zero, fb, fx)
+    aux_a = jax.tree_util.tree_map(lambda n, o: jnp.where(right, n, o), aux, c["aux_a"])
+    aux_b = jax.tree_util.tree_map(lambda n, o: jnp.where(right & ~zero, o, n), aux, c["aux_b"])
+    # Next point: outwards while one end is missing, else the bracket's secant point.
+    grow = jnp.exp(jnp.where(right, 1.0, -1.0) * step * 2.0 ** c["k"])
+    out = snap(x * grow)
+    if whole:  # (at least one whole step)
+      out = jnp.where(right, jnp.maximum(out, x + 1.0), jnp.minimum(out, x - 1.0))
+    out = jnp.clip(out, lower, upper)
+    la, lb = jnp.log(a), jnp.log(b)
+    secant = snap(jnp.exp(la + fa / (fa - fb) * (lb - la)))
+    mid = jnp.floor(0.5 * (a + b)) if whole else jnp.exp(0.5 * (la + lb))
+    inside = jnp.isfinite(secant) & (secant > a) & (secant < b)
+    both = have_a & have_b
+    x_next = jnp.where(both, jnp.where(inside, secant, mid), out)
+    stuck = ~both & (out == x)  # at the end of the domain, no sign change
+    stop = (both & narrow(a, b)) | zero | stuck
+    return dict(i=c["i"] + 1, x=x_next, a=a, b=b, fa=fa, fb=fb, aux_a=aux_a, aux_b=aux_b,
+                have_a=have_a, have_b=have_b, k=jnp.where(both, c["k"], c["k"] + 1.0),
+                kept=jnp.where(both, jnp.where(right, 1, -1), 0).astype(jnp.int32), stop=stop)
+
+  no = jnp.zeros((), bool)
+  start = dict(i=jnp.zeros((), jnp.int32), x=snap(x0), a=x0, b=x0, fa=jnp.zeros_like(x0),
+               fb=jnp.zeros_like(x0), aux_a=aux0, aux_b=aux0, have_a=no, have_b=no,
+               k=jnp.zeros_like(x0), kept=jnp.zeros((), jnp.int32), stop=no)
+  c = jax.lax.while_loop(cond, body, start)
+  return c["a"], c["b"], c["aux_a"], c["aux_b"], c["have_a"] & c["have_b"]
 
 
 def bisect(increasing, lo, hi, steps=30):

@@ -4,6 +4,8 @@
     jaxacct delta --noise-multiplier 1.0 --sampling-rate 0.01 --steps 10000 --epsilon 3 --json
     jaxacct epsilon --accountant spa ...      (saddle point; see ``jaxacct compare``)
     jaxacct compare --noise-multiplier 1.0 --sampling-rate 0.01 --steps 10000 --delta 1e-5
+    jaxacct calibrate --epsilon 2 --delta 1e-5 --sampling-rate 0.01 --steps 1000
+    jaxacct calibrate --solve-for steps --epsilon 2 --delta 1e-5 --noise-multiplier 1 --json
 
 Bad input prints one line on stderr and exits with status 2 (every command, ``compare`` too).
 ``--json`` prints one JSON object: a bound the method does not give is ``null``, an infinite one
@@ -51,7 +53,52 @@ def _parser() -> argparse.ArgumentParser:
                        help="the accountant's estimate: clt|msd0|msd1 for spa, "
                             "order1|order2|order3 for edgeworth")
     cmd.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+  cal = sub.add_parser("calibrate", help="the DP-SGD parameter whose certified upper epsilon "
+                       "meets a budget (noise multiplier by default)")
+  cal.add_argument("--solve-for", choices=("noise-multiplier", "sampling-rate", "steps"),
+                   default="noise-multiplier", help="the unknown (default noise-multiplier)")
+  cal.add_argument("--epsilon", type=float, default=2.0, help="epsilon budget (default 2)")
+  cal.add_argument("--delta", type=float, default=1e-5, help="delta (default 1e-5)")
+  cal.add_argument("--noise-multiplier", type=float, default=1.0,
+                   help="noise standard deviation / clip norm, when not solved for (default 1)")
+  cal.add_argument("--sampling-rate", type=float, default=0.01,
+                   help="Poisson sampling probability, when not solved for (default 0.01)")
+  cal.add_argument("--steps", type=float, default=1000,
+                   help="number of steps, when not solved for (default 1000)")
+  cal.add_argument("--relation", choices=("add_remove", "replace_one"), default="add_remove",
+                   help="neighbouring relation (default add_remove)")
+  cal.add_argument("--accountant", choices=("pld", "spa", "rdp"), default="pld",
+                   help="a certifying accountant: pld (default), spa, rdp")
+  cal.add_argument("--json", action="store_true", help="print one JSON object on stdout")
   return parser
+
+
+def _calibrate(jaxacct, args) -> int:
+  """``jaxacct calibrate``: solve, then report the certified upper epsilon at the answer."""
+  unknown = args.solve_for.replace("-", "_")
+  setting = {"noise_multiplier": args.noise_multiplier, "sampling_rate": args.sampling_rate,
+             "steps": args.steps}
+  known = {k: v for k, v in setting.items() if k != unknown}
+  value = float(getattr(jaxacct.calibrate, unknown)(args.epsilon, args.delta, **known,
+                                                     accountant=args.accountant,
+                                                     relation=args.relation))
+  setting[unknown] = int(value) if unknown == "steps" else value
+  setting["steps"] = int(setting["steps"])
+  bounds = jaxacct.dpsgd_epsilon(setting["noise_multiplier"], setting["sampling_rate"],
+                                 setting["steps"], args.delta, relation=args.relation,
+                                 accountant=args.accountant)
+  out = {"solve_for": unknown, **setting, "epsilon": float(bounds.upper),
+         "target_epsilon": args.epsilon, "delta": args.delta, "relation": args.relation,
+         "accountant": args.accountant}
+  if args.json:
+    print(json.dumps(out))
+    return 0
+  print(f"{unknown} = {setting[unknown]:.10g} for epsilon <= {args.epsilon:g} at delta = "
+        f"{args.delta:g} ({args.accountant} accountant, {args.relation})")
+  print(f"  noise_multiplier {setting['noise_multiplier']:.10g}, sampling_rate "
+        f"{setting['sampling_rate']:.10g}, steps {setting['steps']}")
+  print(f"  certified upper epsilon at that value: {out['epsilon']:.6f}")
+  return 0
 
 
 def _enable_compile_cache():
@@ -117,6 +164,13 @@ def main(argv=None) -> int:
   args = _parser().parse_args(argv)
   _enable_compile_cache()
   import jaxacct
+
+  if args.command == "calibrate":
+    try:
+      return _calibrate(jaxacct, args)
+    except ValueError as err:
+      print(f"jaxacct: error: {err}", file=sys.stderr)
+      return 2
 
   steps = int(args.steps) if float(args.steps).is_integer() else args.steps
   setting = {"noise_multiplier": args.noise_multiplier, "sampling_rate": args.sampling_rate,

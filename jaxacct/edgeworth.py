@@ -320,7 +320,7 @@ def _epsilon_direction(composition, delta, method, add):
 
   # Upper: the first eps with delta+ <= delta (refined to a point where that was evaluated).
   below = values[1] <= delta
-  j = jnp.argmax(below)
+  j = jax.lax.argmax(below, 0, jnp.int32)
   cell = jnp.clip(j - 1, 0, last - 1)
   upper, _ = root_in_bracket(residual(1), grid[cell], grid[cell + 1], _ITERS, which=1)
   upper = jnp.where(j == 0, 0.0, upper)

@@ -155,8 +155,8 @@ def _decreasing_root(make_residual, grid_values, which, composition, add):
   # the target (the largest valid eps), otherwise the first point below it (the smallest upper
   # eps); the same cell where the residual is monotone, a real sign change where it is not.
   nonneg = grid_values >= 0.0
-  last_nonneg = n - 1 - jnp.argmax(nonneg[::-1])
-  first_neg = jnp.argmax(~nonneg)
+  last_nonneg = n - 1 - jax.lax.argmax(nonneg[::-1], 0, jnp.int32)
+  first_neg = jax.lax.argmax(~nonneg, 0, jnp.int32)
   lower_side = which < 0
   below = jnp.where(lower_side, ~jnp.any(nonneg), ~nonneg[0])
   beyond = jnp.where(lower_side, nonneg[-1], jnp.all(nonneg))

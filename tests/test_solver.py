@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from jaxacct import _solver
-from jaxacct._solver import (bisect, expand_bracket, implicit_root, newton_in_bracket, root,
-                             root_in_bracket)
+from jaxacct._solver import (bisect, bracket_search, expand_bracket, implicit_root,
+                             newton_in_bracket, root, root_in_bracket)
 
 
 @pytest.fixture(autouse=True)
@@ -95,6 +95,39 @@ def test_bracket_search_on_a_linear_scale_and_within_the_domain():
   # The domain caps the search: a root beyond it is not found, and the end reached is returned.
   lo, hi, found = expand_bracket(lambda x: 5.0 - x, 0.5, upper=1.0)
   assert not bool(found) and float(hi) == 1.0
+
+
+@pytest.mark.parametrize("target", [1e-12, 3.7e-9, 1e-5, 0.42, 1.0, 17.0, 1e3])
+def test_secant_bracket_search_values_only(target):
+  """``bracket_search`` (grow, then Illinois) on decreasing functions with roots over fifteen
+  decades: both returned ends evaluated on their sides, the bracket within its tolerance, in
+  few evaluations, with the evaluations' aux carried for each end."""
+  calls = []
+  for f in (lambda x: jnp.log(target) - jnp.log(x), lambda x: jnp.tanh(target - x),
+            lambda x: target ** 0.5 - jnp.sqrt(x)):
+    evaluate = lambda x: (f(x), 2.0 * x)
+    a, b, aux_a, aux_b, found = jax.jit(lambda x0: bracket_search(
+        evaluate, x0, step=0.5, lower=1e-15, upper=1e6, tol=1e-12))(1.0)
+    assert bool(found)
+    assert float(f(a)) >= 0.0 >= float(f(b))
+    assert float(b - a) <= 1e-12 * float(b)
+    assert float(a) == pytest.approx(target, rel=1e-11)
+    assert float(aux_a) == 2.0 * float(a) and float(aux_b) == 2.0 * float(b)
+    calls.append(f)
+  assert len(calls) == 3
+
+
+def test_secant_bracket_search_whole_numbers_and_no_sign_change():
+  f = lambda x: 1234.4 - x
+  a, b, *_, found = bracket_search(lambda x: (f(x), x), 10.0, step=0.3, lower=1.0, upper=1e7,
+                                   whole=True)
+  assert bool(found) and float(a) == 1234.0 and float(b) == 1235.0
+  # No sign change within the domain: not found, the search stops at the domain's end.
+  a, b, *_, found = bracket_search(lambda x: (5.0 - x, x), 0.5, step=0.1, lower=0.1, upper=1.0)
+  assert not bool(found)
+  a, b, *_, found = bracket_search(lambda x: (f(x), x), 3.0, step=0.3, lower=1.0, upper=100.0,
+                                   whole=True)
+  assert not bool(found)
 
 
 def test_no_bracket_raises_on_concrete_values_and_is_nan_under_jit():

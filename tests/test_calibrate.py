@@ -1,0 +1,169 @@
+"""Calibration: the returned parameter's certified upper bound meets the budget, tightly; integer
+steps are maximal; implicit gradients match central differences; bad input and unreachable
+targets raise; the answers agree with dp-accounting's epsilon at the returned value."""
+
+import json
+import math
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxacct
+from jaxacct import calibrate
+
+# A batch of budgets served by one plan and one compiled search (keeps the suite fast).
+EPSILONS = np.array([0.5, 1.0, 2.0, 4.0, 8.0])
+DELTAS = np.array([1e-5, 1e-6, 1e-5, 1e-8, 1e-10])
+RATES = np.array([0.01, 0.02, 0.005, 0.01, 0.05])
+STEPS = np.array([1000, 500, 2000, 1000, 200])
+
+
+def _upper(sigma, q, steps, delta, accountant="pld"):
+  return np.asarray(jaxacct.dpsgd_epsilon(sigma, q, steps, delta, accountant=accountant).upper)
+
+
+@pytest.fixture(scope="module")
+def sigmas():
+  return np.asarray(calibrate.noise_multiplier(EPSILONS, DELTAS, RATES, STEPS))
+
+
+def test_noise_multiplier_meets_each_budget_from_below_and_tightly(sigmas):
+  upper = _upper(sigmas, RATES, STEPS, DELTAS)
+  assert np.all(upper <= EPSILONS)
+  # Slack: the PLD aim (2e-4 max(1, eps)) and the search's tolerance.
+  assert np.all(upper >= EPSILONS - 3e-4 * np.maximum(1.0, EPSILONS))
+
+
+def test_noise_multiplier_agrees_with_dp_accounting(sigmas):
+  """dp-accounting's PLD epsilon (pessimistic, discretisation 1e-4) at the returned sigma is the
+  target to within its own and jaxacct's accuracy (independent implementation)."""
+  dp_accounting = pytest.importorskip("dp_accounting")
+  from dp_accounting import dp_event
+  from dp_accounting.pld import pld_privacy_accountant
+  for sigma, eps, delta, q, steps in zip(sigmas, EPSILONS, DELTAS, RATES, STEPS):
+    accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+    event = dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(float(sigma)))
+    accountant.compose(dp_event.SelfComposedDpEvent(event, int(steps)))
+    theirs = accountant.get_epsilon(float(delta))
+    assert abs(theirs - eps) <= 2e-3 * max(1.0, eps), (sigma, eps, theirs)
+  del dp_accounting
+
+
+def test_constant_time_accountants_meet_the_budget_to_round_off():
+  for accountant in ("spa", "rdp"):
+    sigma = np.asarray(calibrate.noise_multiplier(EPSILONS, DELTAS, RATES, STEPS,
+                                                  accountant=accountant))
+    upper = _upper(sigma, RATES, STEPS, DELTAS, accountant)
+    assert np.all(upper <= EPSILONS), accountant
+    assert np.all(upper >= EPSILONS * (1.0 - 1e-7)), accountant
+
+
+def test_sampling_rate_is_the_largest_that_fits():
+  q = float(calibrate.sampling_rate(2.0, 1e-5, 1.0, 1000))
+  assert 2.0 * (1.0 - 3e-4) <= float(_upper(1.0, q, 1000, 1e-5)) <= 2.0
+  assert float(_upper(1.0, q * (1.0 + 2e-3), 1000, 1e-5)) > 2.0
+
+
+def test_steps_are_maximal():
+  steps = calibrate.steps(np.array([1.0, 3.0]), 1e-5, np.array([1.0, 0.8]), 0.01)
+  steps = np.asarray(steps)
+  assert np.all(steps == np.round(steps)) and np.all(steps >= 1)
+  assert np.all(_upper(np.array([1.0, 0.8]), 0.01, steps, 1e-5) <= [1.0, 3.0])
+  assert np.all(_upper(np.array([1.0, 0.8]), 0.01, steps + 1, 1e-5) > [1.0, 3.0])
+
+
+def test_delta_target():
+  sigma = float(calibrate.noise_multiplier(2.0, 1e-6, 0.01, 1000, target="delta"))
+  upper = float(jaxacct.dpsgd_delta(sigma, 0.01, 1000, 2.0).upper)
+  assert 1e-6 * (1.0 - 3e-3) <= upper <= 1e-6
+
+
+def test_full_batch_calibration_matches_the_gaussian_closed_form():
+  """q = 1: T Gaussian steps are mu-GDP with mu = sqrt(T) / sigma; the closed form's sigma for
+  the budget is below the certified answer by at most the upper bound's excess."""
+  from conftest import gaussian_epsilon
+  sigma = float(calibrate.noise_multiplier(1.0, 1e-5, 1.0, 10))
+  exact = gaussian_epsilon(1e-5, math.sqrt(10) / sigma)
+  assert exact <= 1.0
+  assert exact >= 1.0 - 5e-4
+
+
+def test_gradients_match_central_differences():
+  """d sigma / d (epsilon, q) on a fixed plan (PLD), and d sigma / d T (real counts, spa), by
+  the implicit-function theorem against central differences."""
+  plan = calibrate.make_plan("noise_multiplier", 2.0, 1e-5, sampling_rate=0.01, steps=1000)
+  sigma = lambda e, q: calibrate.noise_multiplier(e, 1e-5, q, 1000, plan=plan)
+  pld = sigma  # (differences on the host: float64 inputs, where jit would take float32)
+  grads = jax.jit(jax.grad(sigma, argnums=(0, 1)))(2.0, 0.01)
+  for i, (x, h) in enumerate(((2.0, 1e-3), (0.01, 1e-6))):
+    args = [2.0, 0.01]
+    args[i] = x + h
+    up = float(pld(*args))
+    args[i] = x - h
+    down = float(pld(*args))
+    assert float(grads[i]) == pytest.approx((up - down) / (2 * h), rel=1e-4)
+  by_steps = lambda t: calibrate.noise_multiplier(2.0, 1e-5, 0.01, t, accountant="spa")
+  spa = by_steps
+  grad_t = float(jax.grad(by_steps)(1000.0))
+  fd = (float(spa(1001.0)) - float(spa(999.0))) / 2.0
+  assert grad_t == pytest.approx(fd, rel=1e-4)
+  assert grad_t > 0.0
+
+
+def test_one_program_serves_a_sweep_of_targets_under_vmap():
+  targets = jnp.linspace(1.0, 3.0, 4)
+  plan = calibrate.make_plan("noise_multiplier", targets, 1e-5, sampling_rate=0.01, steps=1000)
+  fn = jax.jit(jax.vmap(lambda e: calibrate.noise_multiplier(e, 1e-5, 0.01, 1000, plan=plan)))
+  swept = np.asarray(fn(targets))
+  assert np.all(np.diff(swept) < 0.0)
+  assert np.all(_upper(swept, 0.01, 1000, 1e-5) <= np.asarray(targets))
+
+
+def test_opacus_compatible_noise_multiplier():
+  by_steps = jaxacct.get_noise_multiplier(target_epsilon=2.0, target_delta=1e-5,
+                                          sample_rate=0.01, steps=1000)
+  by_epochs = jaxacct.get_noise_multiplier(target_epsilon=2.0, target_delta=1e-5,
+                                           sample_rate=0.01, epochs=10)
+  assert isinstance(by_steps, float) and by_steps == by_epochs
+  with pytest.raises(ValueError, match="either steps or epochs"):
+    jaxacct.get_noise_multiplier(target_epsilon=2.0, target_delta=1e-5, sample_rate=0.01)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: calibrate.noise_multiplier(-1.0, 1e-5, 0.01, 1000), "epsilon must be"),
+    (lambda: calibrate.noise_multiplier(1.0, 2.0, 0.01, 1000), "delta must be"),
+    (lambda: calibrate.noise_multiplier(1.0, 1e-5, 1.5, 1000), "sampling_rate must be"),
+    (lambda: calibrate.noise_multiplier(1.0, 1e-5, 0.01, 10.5), "steps must be whole"),
+    (lambda: calibrate.noise_multiplier(1.0, 1e-5, 0.01, 100, accountant="gdp"),
+     "certified upper bound"),
+    (lambda: calibrate.steps(1e-3, 1e-5, 0.5, 1.0), "one step already"),
+    (lambda: calibrate.sampling_rate(50.0, 1e-5, 1.0, 10, accountant="rdp"), "above 1"),
+    (lambda: calibrate.noise_multiplier(1e-9, 1e-5, 1.0, 10**6, accountant="rdp"),
+     "stays above the target"),
+])
+def test_bad_input_and_unreachable_targets_raise(call, message):
+  with pytest.raises(ValueError, match=message):
+    call()
+
+
+def test_traced_pld_calibration_needs_a_plan():
+  with pytest.raises(ValueError, match="calibrate.make_plan"):
+    jax.jit(lambda e: calibrate.noise_multiplier(e, 1e-5, 0.01, 1000))(2.0)
+
+
+def test_cli_calibrate_json_and_errors():
+  run = lambda *a: subprocess.run([sys.executable, "-m", "jaxacct.cli", "calibrate", *a],
+                                  capture_output=True, text=True, check=False)
+  out = run("--solve-for", "steps", "--epsilon", "2", "--noise-multiplier", "1",
+            "--accountant", "rdp", "--json")
+  assert out.returncode == 0, out.stderr
+  row = json.loads(out.stdout)
+  assert set(row) >= {"noise_multiplier", "sampling_rate", "steps", "epsilon"}
+  assert row["epsilon"] <= 2.0 and isinstance(row["steps"], int)
+  assert float(_upper(1.0, 0.01, row["steps"] + 1, 1e-5, "rdp")) > 2.0
+  bad = run("--epsilon", "-1")
+  assert bad.returncode == 2 and "epsilon" in bad.stderr and not bad.stdout
