@@ -1,8 +1,14 @@
 """The Gaussian-DP accountant (jaxacct.gdp) against independent references.
 
-References: 50-digit mpmath (scipy's log-space functions if mpmath is missing), scipy.stats.norm,
-the seed_000 digest's tables (computed there with scipy and dp-accounting), dp-accounting's RDP
-and PLD accountants, prv-accountant, and jaxacct's own certified PLD accountant.
+The curve delta_mu(eps) is Dong, Roth and Su (2022, JRSS-B 84(1), Cor. 2.13), as used by
+Koskela, Tobaben and Honkela (2022, "Individual Privacy Accounting with Gaussian Differential
+Privacy", arXiv 2209.15596, ICLR 2023; "Koskela et al." below, Sec. 3.2, Lemma 1); the tables
+below are in the settings of Koskela et al. Sec. 4.1 (sigma = 100 private GD, Figs. 3-5), Sec. 5
+(MNIST DP-SGD, Fig. 1) and Sec. 6 (MIMIC-III).
+
+References: 50-digit mpmath here (``ref_log_delta``, ``ref_eps``; scipy's log-space functions if
+mpmath is missing), scipy.stats.norm, dp-accounting's RDP and PLD accountants, prv-accountant,
+and jaxacct's own certified PLD accountant.
 """
 
 import math
@@ -113,8 +119,9 @@ def test_delta_against_scipy_norm():
   np.testing.assert_allclose(each(gdp.delta_of_mu, m, e), scipy_delta(m, e), rtol=1e-12)
 
 
-def test_digest_closed_form_values():
-  # seed_000 digest 6.1.
+def test_closed_form_values_against_mpmath():
+  # delta_mu(eps) (Dong, Roth and Su 2022, Cor. 2.13): the pinned values are those of the
+  # 50-digit curve ref_log_delta (checked here), to the digits shown.
   assert float(gdp.delta_of_mu(1.0, 1.0)) == pytest.approx(0.126936737507, abs=5e-13)
   assert float(gdp.delta_of_mu(1.0, 0.0)) == pytest.approx(0.382924922548, abs=5e-13)
   assert float(gdp.delta_of_mu(1.0, 0.0)) == pytest.approx(2 * stats.norm.cdf(0.5) - 1,
@@ -123,12 +130,17 @@ def test_digest_closed_form_values():
           (0.5, 5.0, 4.415443e-24, -53.776934), (2.0, 20.0, 2.016029e-20, -45.350572),
           (0.2, 3.0, 2.163786e-52, -118.962565)]
   mu, eps, delta, log_delta = map(np.array, zip(*tiny))
+  ref = np.array([ref_log_delta(m, e) for m, e in zip(mu, eps)])
+  np.testing.assert_allclose(np.exp(ref), delta, rtol=2e-7)
+  np.testing.assert_allclose(ref, log_delta, atol=1e-6)
+  assert math.exp(ref_log_delta(1.0, 1.0)) == pytest.approx(0.126936737507, abs=5e-13)
   np.testing.assert_allclose(each(gdp.delta_of_mu, mu, eps), delta, rtol=2e-7)
   np.testing.assert_allclose(each(gdp.log_delta_of_mu, mu, eps), log_delta, atol=1e-6)
 
 
 def test_delta_derivatives_closed_form():
-  # Digest 2.2: d delta/d mu = phi(a), d delta/d eps = -e^eps Phi(b); 6.1 at (eps=1.3, mu=0.7).
+  # Derivatives of delta_mu(eps) (Dong, Roth and Su 2022, Cor. 2.13; e^eps phi(b) = phi(a)):
+  # d delta/d mu = phi(a), d delta/d eps = -e^eps Phi(b), at (eps=1.3, mu=0.7) (checked below).
   with jax.enable_x64(True):  # (a jit's float inputs are float32 otherwise)
     g = jax.jit(jax.grad(gdp.log_delta_of_mu, argnums=(0, 1)))(0.7, 1.3)
   delta = float(gdp.delta_of_mu(0.7, 1.3))
@@ -157,14 +169,17 @@ def test_eps_round_trip():
 
 
 @needs_mpmath
-def test_eps_against_mpmath_and_digest():
-  # Digest 6.1 (10 digits where it prints them) and a bisection on the 50-digit curve.
+def test_eps_against_mpmath():
+  # eps_mu(delta) by bisection on the 50-digit curve (Dong, Roth and Su 2022, Cor. 2.13): a table
+  # to 10 digits (6 where printed so; ref_eps reproduces it) and further points.
   table = [(0.5, 1e-5, 1.9930914044), (0.5, 1e-6, 2.2540846502), (1.0, 1e-5, 4.3771780957),
            (1.0, 1e-6, 4.8865541175), (2.0, 1e-5, 9.9972561464), (2.0, 1e-6, 10.9971512142),
            (0.1, 1e-6, 0.396857), (5.0, 1e-6, 35.566344)]
   mu, delta, eps = map(np.array, zip(*table))
+  digits = np.array([5e-11] * 6 + [5e-7] * 2)
+  assert np.all(np.abs([ref_eps(m, d) for m, d in zip(mu, delta)] - eps) <= digits)
   got = each(gdp.epsilon_of_mu, mu, delta)
-  assert np.all(np.abs(got - eps) <= np.array([5e-11] * 6 + [5e-7] * 2))
+  assert np.all(np.abs(got - eps) <= digits)
   extra_mu = np.array([1e-3, 0.03, 0.3, 1.0, 3.0, 10.0, 0.7, 0.2])
   extra_delta = np.array([1e-7, 1e-300, 1e-20, 0.3, 1e-10, 1e-100, 1e-2, 1e-5])
   ref = np.array([ref_eps(m, d) for m, d in zip(extra_mu, extra_delta)])
@@ -181,12 +196,17 @@ def test_eps_is_zero_above_the_curve_at_zero():
 
 
 def test_mimic_budgets():
-  # Digest 5 #4-5: B = sqrt(50)/10.614652581338738 gives eps(1e-5) = 2.751021; the budgets
-  # for eps in {0.5, 2.75, 10} at delta = 1e-5.
+  # Koskela et al. 2022, Sec. 6 (MIMIC-III): sigma = 10.614652581338738 over 50 steps,
+  # mu = sqrt(50)/sigma, gives eps(1e-5) = 2.751021; the mu budgets for eps in {0.5, 2.75, 10}
+  # at delta = 1e-5. Values: the 50-digit curve (ref_eps, ref_log_delta; checked here).
   b = math.sqrt(50) / 10.614652581338738
+  assert ref_eps(b, 1e-5) == pytest.approx(2.751021, abs=5e-7)
   assert float(gdp.epsilon_of_mu(b, 1e-5)) == pytest.approx(2.751021, abs=5e-7)
+  budgets = [0.1422105587, 0.6659424009, 2.0004456204]
+  for eps, mu in zip([0.5, 2.75, 10.0], budgets):
+    assert ref_log_delta(mu, eps) == pytest.approx(math.log(1e-5), abs=1e-8)
   mus = each(gdp.mu_of_eps_delta, [0.5, 2.75, 10.0], 1e-5)
-  np.testing.assert_allclose(mus, [0.1422105587, 0.6659424009, 2.0004456204], atol=5e-11)
+  np.testing.assert_allclose(mus, budgets, atol=5e-11)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -237,15 +257,20 @@ def test_epsilon_and_delta_bounds_are_exact():
                              rtol=1e-13)
 
 
-def test_digest_gdp_vs_rdp_table():
-  # Digest 6.2: sigma = 100, mu = sqrt(k)/100, delta = 1e-5.
+def test_gdp_private_gd_tables():
+  # Koskela et al. 2022, Sec. 4.1, Figs. 3-5: sigma = 100 private GD, mu = sqrt(k)/100,
+  # delta = 1e-5. Values: the 50-digit curve (ref_eps, ref_log_delta; checked here).
   table = {100: 0.340669, 300: 0.620004, 420: 0.745138, 495: 0.815230, 500: 0.819728,
            900: 1.131775, 1000: 1.199370, 2000: 1.760057, 5000: 2.943225}
+  ref = [ref_eps(math.sqrt(k) / 100, 1e-5) for k in table]
+  np.testing.assert_allclose(ref, list(table.values()), atol=5e-7)
   got = [float(gdp.epsilon(C.of((G(100.0), k)), 1e-5).estimate) for k in table]
   np.testing.assert_allclose(got, list(table.values()), atol=5e-7)
   # Fig. 3 style: delta(eps) at k = 420.
   fig3 = {0.25: 1.246181e-2, 0.5: 6.318896e-4, 0.75: 9.092747e-6, 1.0: 3.406591e-8,
           1.25: 3.166866e-11}
+  ref = [math.exp(ref_log_delta(math.sqrt(420) / 100, e)) for e in fig3]
+  np.testing.assert_allclose(ref, list(fig3.values()), rtol=5e-7)
   got = [float(gdp.delta(C.of((G(100.0), 420)), e).estimate) for e in fig3]
   np.testing.assert_allclose(got, list(fig3.values()), rtol=5e-7)
   # Fig. 5 style: the most steps GDP allows at delta = 1e-5.
@@ -255,9 +280,10 @@ def test_digest_gdp_vs_rdp_table():
 
 
 def test_495_steps_where_rdp_allows_420():
-  # Digest 4.1 / 5 #1-3: sigma = 100 private GD, delta = 1e-5. RDP (orders 2..32, the
-  # conversion of tf-privacy and dp-accounting) gives eps = 0.815630 after 420 steps; GDP
-  # reaches that eps only after 495 steps, and its eps after 420 steps is 8.6% smaller.
+  # Koskela et al. 2022, Sec. 4.1: sigma = 100 private GD, delta = 1e-5. RDP (orders 2..32, the
+  # conversion of tf-privacy and dp-accounting) gives eps = 0.815630 after 420 steps (live
+  # dp-accounting below); GDP reaches that eps only after 495 steps, and its eps after 420
+  # steps is 8.6% smaller ("roughly 10% smaller").
   from dp_accounting import dp_event, rdp
 
   acc = rdp.RdpAccountant(orders=list(range(2, 33)))
@@ -285,13 +311,15 @@ def test_pld_accountant_brackets_gdp():
 # The central-limit mu of DP-SGD
 
 
-# Digest 6.3 and 7.5: MNIST DP-SGD (q = 0.005, sigma = 2, T = 10^4). The CLT epsilon is below the
-# true one at these deltas (prv-accountant's certified bracket at 1e-5 is [1.0021, 1.0061]).
+# The MNIST DP-SGD setting of Koskela et al. 2022, Sec. 5, Fig. 1 (q = 0.005, sigma = 2,
+# T = 10^4), with the CLT mu of Bu, Dong, Long and Su (2020, Harvard Data Science Review 2(3)).
+# The CLT epsilon is below the true one at these deltas: below dp-accounting's PLD epsilon, and
+# at 1e-6 below prv-accountant's certified lower bound (the tests below).
 CLT_DELTAS = (1e-5, 1e-6)
 
 
 def test_clt_mu_formula():
-  # Bu et al.: mu = q sqrt(T (e^{1/sigma^2} - 1)); digest 6.3: 0.266470 for the MNIST setting.
+  # Bu et al. 2020: mu = q sqrt(T (e^{1/sigma^2} - 1)) = 0.266470 in the MNIST setting.
   mu, status = gdp.mu_of(C.of((P(G(2.0), 0.005), 10_000)))
   assert float(mu) == pytest.approx(0.005 * math.sqrt(10_000 * math.expm1(0.25)), rel=1e-14)
   assert float(mu) == pytest.approx(0.266470, abs=5e-7)
@@ -326,7 +354,8 @@ def test_clt_under_reports_against_dp_accounting():
       privacy_accountant.NeighboringRelation.ADD_OR_REMOVE_ONE, value_discretization_interval=1e-4)
   acc.compose(dp_event.PoissonSampledDpEvent(0.005, dp_event.GaussianDpEvent(2.0)), 10_000)
   pld = np.array([acc.get_epsilon(d) for d in CLT_DELTAS])
-  np.testing.assert_allclose(pld, [1.0042, 1.1503], atol=2e-4)  # the digest's values
+  # dp-accounting 0.6.0's PLD epsilon here, pinned: a change in the reference shows up.
+  np.testing.assert_allclose(pld, [1.0042, 1.1503], atol=2e-4)
   clt = np.array([float(gdp.epsilon(C.of((P(G(2.0), 0.005), 10_000)), d).estimate)
                   for d in CLT_DELTAS])
   assert np.all(clt < pld - 0.008)  # under-reports by ~1% (0.0107 and 0.0140)

@@ -178,7 +178,7 @@ def test_a_wide_sweep_plan_runs_the_low_band_in_chunks():
     for i in range(2):
       alone = jaxacct.epsilon(jaxacct.Composition.of((jaxacct.PoissonSampled(
           jaxacct.Laplace(scale[i]), rate[i]), count[i])), 1e-6)
-      assert int(swept.status[i]) == 0
+      assert int(swept.status[i]) == 0 and int(alone.status) == 0
       assert float(swept.lower[i]) <= float(alone.upper)
       assert float(alone.lower) <= float(swept.upper[i])
       assert float(alone.lower) <= float(swept.estimate[i]) <= float(alone.upper)

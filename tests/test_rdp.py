@@ -6,7 +6,8 @@
   ``gammaln`` and adds every term, also those where the generalised binomial coefficient is
   negative, so it overestimates, e.g. by 10% at q = 1e-3, sigma = 0.5, alpha = 1.5 (40-digit
   mpmath: 3.51700594e-5; dp-accounting: 3.86492e-5; the same series with signs agrees with
-  mpmath). Fractional orders are checked against mpmath and the seed_004 digest instead.
+  mpmath). Fractional orders are checked against mpmath quadrature instead (40-digit
+  ``_mpmath_sgm_rdp`` here; K(t) from tests/spa_reference.py).
 * epsilon between the PLD truth (tests/data/references.json) and dp-accounting's RDP epsilon.
 * Closed forms: Gaussian (RDP = alpha T / (2 sigma^2)), Laplace (Mironov 2017, Prop. 6), binary
   randomized response; the continuous-order optimum of the Gaussian conversion by scipy.
@@ -89,14 +90,16 @@ def _mpmath_sgm_rdp(q, sigma, alpha):
     return float(mpmath.log1p(mpmath.quad(f, pts)) / (a - 1))
 
 
-# seed_004.md section 1.4 (40-digit mpmath): K(t) of one subsampled Gaussian step.
-DIGEST_K = [((0.01, 2.0, 0.5), 1.06345046792585e-5), ((0.01, 2.0, 10.5), 1.76694211237307e-3),
+# K(t) = log E_P[e^{tL}] of one subsampled Gaussian step (Alghamdi, Asoodeh, Calmon, Gomez,
+# Kosut, Sankar and Wei 2022, arXiv 2208.09595, Sec. 3.1), so RDP(1 + t) = K(t)/t: (q, sigma, t)
+# -> K from tests/spa_reference.py (30-digit mpmath quadrature), to every printed digit.
+MPMATH_K = [((0.01, 2.0, 0.5), 1.06345046792585e-5), ((0.01, 2.0, 10.5), 1.76694211237307e-3),
             ((0.01, 2.0, 27.3), 1.19767565341101e-2), ((0.1, 1.0, 0.5), 5.86729609834262e-3),
             ((0.1, 1.0, 2.5), 0.106811227007633), ((256 / 60000, 1.1, 6.9), 6.69472288712234e-4)]
 
 
 def test_fractional_orders_match_high_precision_references():
-  cases = [((q, s, 1.0 + t), k / t) for (q, s, t), k in DIGEST_K]
+  cases = [((q, s, 1.0 + t), k / t) for (q, s, t), k in MPMATH_K]
   points = [(1e-3, 0.5, 1.5), (1e-3, 10.0, 2.5), (0.01, 1.0, 1.05), (0.2, 3.0, 20.5)]
   cases += [((q, s, a), _mpmath_sgm_rdp(q, s, a)) for q, s, a in points]
   for (q, s, a), ref in cases:
@@ -168,6 +171,7 @@ def test_epsilon_between_pld_truth_and_dp_accounting():
   assert deltas.min() < 1e-9 and deltas.max() > 1e-4 and len(ROWS) > 50
   out = rdp.epsilon(dpsgd(sigma, rate, steps), deltas)
   ours = np.asarray(out.upper)
+  assert np.all(np.isfinite(ours))  # (odd rows check only e >= reference below: +inf would pass)
   np.testing.assert_array_equal(np.asarray(out.estimate), ours)
   assert np.all(np.isnan(np.asarray(out.lower)))
   assert np.all(np.asarray(out.status) == LOWER_VACUOUS)
@@ -183,8 +187,10 @@ def test_epsilon_between_pld_truth_and_dp_accounting():
 
 @pytest.mark.parametrize("sigma, rate, steps, delta", [
     (1.0, 0.01, 1000, 1e-5), (2.0, 0.01, 3000, 1e-5), (1.1, 256 / 60000, 14063, 1e-5)])
-def test_epsilon_matches_digest_continuous_order_values(sigma, rate, steps, delta):
-  # seed_004.md section 8.3, column "MA+": the same conversion at a continuous order.
+def test_epsilon_matches_the_improved_conversion_at_a_continuous_order(sigma, rate, steps, delta):
+  # The improved conversion (Alghamdi et al. 2022, eq. (43); Canonne, Kamath and Steinke 2020,
+  # arXiv 2004.00010, Prop. 12, as in dp-accounting) minimised over a continuous order:
+  # tests/spa_reference.py improved_rdp_epsilon (30-digit mpmath, the worse direction per order).
   expected = {1.0: 2.101322, 2.0: 1.225823, 1.1: 2.596642}[sigma]
   got = float(rdp.epsilon(dpsgd(sigma, rate, steps), delta).upper)
   assert got == pytest.approx(expected, abs=1e-6)
