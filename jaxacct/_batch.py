@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -103,7 +105,14 @@ def select(flat, indices):
 
 
 def reshaped(out, shape):
-  """Every leaf of a flat result reshaped to the batch shape."""
+  """Every leaf of a flat result reshaped to the batch shape (host results: in one dispatch)."""
+  if is_traced(out):
+    return jax.tree_util.tree_map(lambda a: a.reshape(shape + a.shape[1:]), out)
+  return _reshape_all(out, shape)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _reshape_all(out, shape):
   return jax.tree_util.tree_map(lambda a: a.reshape(shape + a.shape[1:]), out)
 
 
@@ -113,14 +122,14 @@ def blockwise(single, chunk):
   (so a few programs serve every batch size, memory stays bounded and padding at most doubles a
   small batch's work). One setting is one compiled call; under a caller's transformation (traced
   inputs) a batch is a ``lax.map`` in the caller's program. Outputs keep the leading axis."""
-  one = fast_jit(scoped_gradients(single))
+  one = fast_jit(scoped_gradients(lambda *args: jax.tree_util.tree_map(
+      lambda a: jnp.reshape(a, (1,) + jnp.shape(a)), single(*args))))
   block = fast_jit(scoped_gradients(jax.vmap(single)))
 
   def run(flat):
     size = jax.tree_util.tree_leaves(flat)[0].shape[0]
-    if size == 1:
-      return jax.tree_util.tree_map(lambda a: jnp.reshape(a, (1,) + jnp.shape(a)),
-                                    one(*take(flat, 0)))
+    if size == 1:  # (the leading axis is added in the compiled call)
+      return one(*take(flat, 0))
     if is_traced(flat):
       return jax.lax.map(lambda el: single(*el), flat, batch_size=min(size, chunk))
     parts = []
