@@ -13,6 +13,7 @@ from jaxacct.api import (ACCOUNTANTS, RELATIONS, compose, delta, dpsgd_compositi
                          dpsgd_epsilon, dpsgd_plan, epsilon, make_plan)
 from jaxacct.calibrate import get_noise_multiplier
 from jaxacct.composition import Composition
+from jaxacct.dp_event import from_dp_event
 from jaxacct.mixture import MixtureOfGaussians
 from jaxacct.models import (EpsilonDelta, Gaussian, Laplace, PoissonSampled, PrivacyLoss, PureDP,
                             SampledGaussianReplaceOne)
@@ -26,6 +27,6 @@ __all__ = [
     "MixtureOfGaussians", "Plan", "PoissonSampled", "PrivacyLoss", "PrivacyLossDistribution",
     "PureDP", "RELATIONS", "SampledGaussianReplaceOne", "SizeCache",
     "compose", "delta", "dpsgd_composition", "dpsgd_delta", "dpsgd_epsilon", "dpsgd_plan",
-    "epsilon", "get_noise_multiplier", "make_plan", "calibrate", "cgf", "edgeworth", "gdp",
-    "pld", "rdp", "spa",
+    "epsilon", "from_dp_event", "get_noise_multiplier", "make_plan", "calibrate", "cgf",
+    "edgeworth", "gdp", "pld", "rdp", "spa",
 ]
