@@ -32,7 +32,8 @@ def _refuse(event, why):
 
 
 def _base(event, ev):
-  """The model of one step of a base mechanism event, or None for a no-op."""
+  """The model of one step of a base mechanism event, or None for a no-op; raises for an event
+  jaxacct cannot express."""
   if isinstance(event, ev.NoOpDpEvent):
     return None
   if isinstance(event, ev.GaussianDpEvent):
@@ -52,7 +53,8 @@ def _base(event, ev):
                               probabilities=[float(p) for p in event.sampling_probs])
   if type(event).__name__ == "EpsilonDeltaDpEvent":  # (newer dp-accounting releases)
     return EpsilonDelta(float(event.epsilon), float(event.delta))
-  return "unknown"
+  raise _refuse(event, "no jaxacct model for this event (supported: Gaussian, Laplace, "
+                "PoissonSampled, SelfComposed, Composed, MixtureOfGaussians, EpsilonDelta, NoOp)")
 
 
 def _entries(event, ev, count):
@@ -74,10 +76,6 @@ def _entries(event, ev, count):
     model = inner[0][0]
     return [(model if q == 1.0 else PoissonSampled(model, q), count)]
   model = _base(event, ev)
-  if isinstance(model, str):
-    raise _refuse(event, "no jaxacct model for this event (supported: Gaussian, Laplace, "
-                  "PoissonSampled, SelfComposed, Composed, MixtureOfGaussians, EpsilonDelta, "
-                  "NoOp)")
   return [] if model is None or count == 0 else [(model, count)]
 
 
