@@ -10,7 +10,6 @@ dimension is a batch dimension. A batch is flattened to one leading axis of sett
 from __future__ import annotations
 
 import dataclasses
-
 import functools
 
 import jax

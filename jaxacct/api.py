@@ -121,13 +121,18 @@ def dpsgd_composition(noise_multiplier, sampling_rate, steps,
   _check_dpsgd(noise_multiplier, sampling_rate, steps, relation)
   check_broadcast(noise_multiplier=noise_multiplier, sampling_rate=sampling_rate, steps=steps)
   full_batch = (not is_traced(sampling_rate)) and bool(np.all(np.asarray(sampling_rate) == 1.0))
+  return Composition.of((_dpsgd_model(noise_multiplier, sampling_rate, relation, full_batch),
+                         steps))
+
+
+def _dpsgd_model(noise_multiplier, sampling_rate, relation, full_batch):
+  """One DP-SGD step's model (parameters may be traced); ``full_batch`` (static) gives the
+  Gaussian mechanism itself (twice the sensitivity for replace-one)."""
   if relation == "replace_one":
-    model = (Gaussian(noise_multiplier, 2.0) if full_batch
-             else SampledGaussianReplaceOne(noise_multiplier, sampling_rate))
-  else:
-    model = (Gaussian(noise_multiplier) if full_batch
-             else PoissonSampled(Gaussian(noise_multiplier), sampling_rate))
-  return Composition.of((model, steps))
+    return (Gaussian(noise_multiplier, 2.0) if full_batch
+            else SampledGaussianReplaceOne(noise_multiplier, sampling_rate))
+  return (Gaussian(noise_multiplier) if full_batch
+          else PoissonSampled(Gaussian(noise_multiplier), sampling_rate))
 
 
 @float64

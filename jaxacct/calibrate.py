@@ -30,7 +30,6 @@ falls outside what it serves. Under ``jit``/``vmap``/``grad`` pass ``plan=`` (fr
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax
 import jax.numpy as jnp
@@ -44,9 +43,8 @@ from jaxacct import spa as _spa
 from jaxacct._inputs import check_choice, check_delta, check_epsilon, check_range, check_whole
 from jaxacct._numerics import fast_jit, float64, is_traced, scoped_gradients
 from jaxacct._solver import bracket_search, implicit_root
-from jaxacct.api import RELATIONS, dpsgd_composition, dpsgd_delta, dpsgd_epsilon
+from jaxacct.api import RELATIONS, _dpsgd_model, dpsgd_delta, dpsgd_epsilon
 from jaxacct.composition import Composition
-from jaxacct.models import Gaussian, PoissonSampled, SampledGaussianReplaceOne
 from jaxacct.pld import accountant as _pld
 from jaxacct.pld import make_plan as _pld_plan
 from jaxacct.pld.spectrum import integer_count
@@ -86,15 +84,8 @@ def _single(accountant, target):
 
 
 def _composition(sigma, q, steps, relation, full_batch):
-  """DP-SGD's composition from (possibly traced) parameters; ``full_batch`` (static) builds the
-  Gaussian mechanism itself, as the front door does for a rate of exactly 1."""
-  if full_batch:
-    model = Gaussian(sigma, 2.0) if relation == "replace_one" else Gaussian(sigma)
-  elif relation == "replace_one":
-    model = SampledGaussianReplaceOne(sigma, q)
-  else:
-    model = PoissonSampled(Gaussian(sigma), q)
-  return Composition.of((model, steps))
+  """DP-SGD's composition from (possibly traced) parameters, with the front door's model."""
+  return Composition.of((_dpsgd_model(sigma, q, relation, full_batch), steps))
 
 
 # ----------------------------------------------------------------------------------------------

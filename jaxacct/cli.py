@@ -24,6 +24,16 @@ import sys
 _ACCOUNTANTS = ("pld", "spa", "edgeworth", "gdp", "rdp")
 
 
+def _setting_arguments(cmd, steps, when=""):
+  """The DP-SGD setting's options (``when``: a note on when they are read)."""
+  cmd.add_argument("--noise-multiplier", type=float, default=1.0,
+                   help=f"noise standard deviation / clip norm{when} (default 1.0)")
+  cmd.add_argument("--sampling-rate", type=float, default=0.01,
+                   help=f"Poisson sampling probability q in (0, 1]{when} (default 0.01)")
+  cmd.add_argument("--steps", type=float, default=steps,
+                   help=f"number of steps, a whole number{when} (default {steps})")
+
+
 def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog="jaxacct", description=__doc__.split("\n")[0])
   sub = parser.add_subparsers(dest="command", required=True)
@@ -31,12 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     help_text = (f"certified {name} of DP-SGD with Poisson sampling" if name != "compare" else
                  "epsilon of DP-SGD by every accountant, side by side")
     cmd = sub.add_parser(name, help=help_text)
-    cmd.add_argument("--noise-multiplier", type=float, default=1.0,
-                     help="noise standard deviation / clip norm (default 1.0)")
-    cmd.add_argument("--sampling-rate", type=float, default=0.01,
-                     help="Poisson sampling probability q in (0, 1] (default 0.01)")
-    cmd.add_argument("--steps", type=float, default=10_000,
-                     help="number of steps, a whole number >= 0 (default 10000)")
+    _setting_arguments(cmd, 10_000)
     if target == "--delta":
       cmd.add_argument("--delta", type=float, default=1e-5, help="target delta (default 1e-5)")
     else:
@@ -59,12 +64,7 @@ def _parser() -> argparse.ArgumentParser:
                    default="noise-multiplier", help="the unknown (default noise-multiplier)")
   cal.add_argument("--epsilon", type=float, default=2.0, help="epsilon budget (default 2)")
   cal.add_argument("--delta", type=float, default=1e-5, help="delta (default 1e-5)")
-  cal.add_argument("--noise-multiplier", type=float, default=1.0,
-                   help="noise standard deviation / clip norm, when not solved for (default 1)")
-  cal.add_argument("--sampling-rate", type=float, default=0.01,
-                   help="Poisson sampling probability, when not solved for (default 0.01)")
-  cal.add_argument("--steps", type=float, default=1000,
-                   help="number of steps, when not solved for (default 1000)")
+  _setting_arguments(cal, 1000, when=", when not solved for")
   cal.add_argument("--relation", choices=("add_remove", "replace_one"), default="add_remove",
                    help="neighbouring relation (default add_remove)")
   cal.add_argument("--accountant", choices=("pld", "spa", "rdp"), default="pld",

@@ -52,11 +52,18 @@ def _cell_share(w, h):
   to delta at eps = L + w: the mean of (1 - e^{eps - y})_+. With kappa = (1 + e^{-h})/2 it is
   1 - kappa e^w for w <= 0 (the whole cell above eps), 0 for w >= h, and
   expm1(w - h)^2 e^{-w} / (2 (1 - e^{-h})) in between: C^1 in w (and so in eps)."""
-  inside = jnp.clip(w, 0.0, h)
-  partial = jnp.expm1(inside - h) ** 2 * jnp.exp(-inside) / (-2.0 * jnp.expm1(-h))
+  partial, _ = _partial_share(jnp.clip(w, 0.0, h), h)
   kappa = 1.0 + 0.5 * jnp.expm1(-h)
   whole = 1.0 - kappa * jnp.exp(jnp.minimum(w, 0.0))
   return jnp.where(w <= 0.0, whole, partial)
+
+
+def _partial_share(w, h):
+  """``_cell_share`` for 0 <= w <= h, and its slope in w."""
+  spread = -2.0 * jnp.expm1(-h)
+  value = jnp.expm1(w - h) ** 2 * jnp.exp(-w) / spread
+  slope = jnp.exp(-w) * jnp.expm1(w - h) * (jnp.exp(w - h) + 1.0) / spread
+  return value, slope
 
 
 def _delta_on_grid(pmf, first_centre, h, eps):
@@ -162,11 +169,8 @@ def _epsilon_on_grid(pmf, sums: _TailSums, first_centre, h, target, side):
 
     def local(x):  # delta_grid(x) - target and its slope, for x in cell i
       tilt = jnp.exp(x - b) * weighted_right
-      w = jnp.clip(x - a, 0.0, h)
-      spread = -2.0 * jnp.expm1(-h)
-      value = mass_right - tilt + p_i * jnp.expm1(w - h) ** 2 * jnp.exp(-w) / spread - tgt
-      slope = jnp.exp(-w) * jnp.expm1(w - h) * (jnp.exp(w - h) + 1.0) / spread
-      return value, -tilt + p_i * slope
+      share, slope = _partial_share(jnp.clip(x - a, 0.0, h), h)
+      return mass_right - tilt + p_i * share - tgt, -tilt + p_i * slope
 
     frac = jnp.clip((d_i - tgt) / jnp.maximum(d_i - d_next, 1e-300), 0.0, 1.0)
     # 12 steps: with 6, ~3% of the roots on a fine delta sweep were still unconverged (the
