@@ -47,6 +47,7 @@ from jaxacct.api import RELATIONS, _dpsgd_model, dpsgd_delta, dpsgd_epsilon
 from jaxacct.composition import Composition
 from jaxacct.pld import accountant as _pld
 from jaxacct.pld import make_plan as _pld_plan
+from jaxacct.pld.plan import stack_plans as _pld_stack
 from jaxacct.pld.spectrum import integer_count
 
 UNKNOWNS = ("noise_multiplier", "sampling_rate", "steps")
@@ -187,10 +188,11 @@ def _runner(unknown, accountant, target_kind, relation, full_batch, with_start):
                  target, other, sigma, q, steps, start, plan)
 
   def run(margin, target, other, sigma, q, steps, start, plan):
-    args = (margin, target, other, sigma, q, steps, start)
-    single = lambda a: one(*a, plan)
+    # (a plan's leaves: one per setting, or one for all)
+    plans = jax.tree.map(lambda leaf: jnp.broadcast_to(leaf, margin.shape), plan)
+    args = (margin, target, other, sigma, q, steps, start, plans)
     chunk = None if (accountant == "pld" and jax.default_backend() == "cpu") else 64
-    return jax.lax.map(single, args, batch_size=chunk)
+    return jax.lax.map(lambda a: one(*a), args, batch_size=chunk)
 
   return fast_jit(scoped_gradients(run))
 
@@ -261,12 +263,25 @@ def _starts(unknown, target, relation, full_batch, flat):
   return np.asarray(_compiled("start", unknown, target, relation, full_batch)(*flat[1:]))
 
 
-def _plan_for(unknown, target, relation, full_batch, flat, centre, spread, size_cache):
+def _plan_for(unknown, target, relation, full_batch, flat, centre, spread, size_cache,
+              per_setting=False):
   """A PLD plan serving the search around ``centre`` (each setting's guess or answer) by a
-  factor ``spread`` either side, down to the smallest delta the search reads."""
-  _, target_value, other, sigma, q, steps = (np.asarray(a) for a in flat)
+  factor ``spread`` either side, down to the smallest delta the search reads: one grid for the
+  whole batch, or (``per_setting``) each setting planned apart and the plans stacked (leaves
+  [settings]; a batch of diverse targets then costs its largest setting, not the union)."""
+  rows = np.stack([np.asarray(a) for a in flat[1:]] + [np.asarray(centre)], axis=-1)
+  if per_setting and len(rows) > 1:
+    unique, index = np.unique(rows, axis=0, return_inverse=True)
+    plans = [_setting_plan(unknown, target, relation, full_batch, row, spread, size_cache)
+             for row in unique]
+    return _pld_stack([plans[i] for i in np.ravel(index)])
+  return _setting_plan(unknown, target, relation, full_batch, rows, spread, size_cache)
+
+
+def _setting_plan(unknown, target, relation, full_batch, rows, spread, size_cache):
+  """One plan serving ``rows`` ([target, other, sigma, q, steps, centre] each)."""
+  target_value, other, sigma, q, steps, centre = np.reshape(rows, (-1, 6)).T
   lo, hi = DOMAIN[unknown]
-  centre = np.asarray(centre)
   ends = np.clip(np.concatenate([centre / spread, centre * spread]), lo, hi)
   known = {"noise_multiplier": np.tile(sigma, 2), "sampling_rate": np.tile(q, 2),
            "steps": np.tile(steps, 2)}
@@ -339,7 +354,8 @@ def _calibrate(unknown, target, accountant, relation, plan, size_cache, target_v
   centre, spread, replan = start, _SPREAD, own_plan
   for _ in range(4):
     if replan:
-      plan = _plan_for(unknown, target, relation, full_batch, flat, centre, spread, size_cache)
+      plan = _plan_for(unknown, target, relation, full_batch, flat, centre, spread, size_cache,
+                       per_setting=True)
     value, (found, bounds, far_status) = run(*flat, start, plan)
     missed = np.flatnonzero(~np.asarray(found))
     if missed.size:

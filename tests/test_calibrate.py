@@ -53,6 +53,27 @@ def test_noise_multiplier_agrees_with_dp_accounting(sigmas):
   del dp_accounting
 
 
+def test_a_batch_plans_each_setting_apart():
+  """The batch's stacked plan keeps every setting's loss range and window on a grid at least as
+  fine as its own plan's, with the batch's largest FFT (not one grid serving the union)."""
+  from jaxacct.pld import make_plan
+  from jaxacct.pld.plan import stack_plans
+  comps = [jaxacct.dpsgd_composition(np.array([s / 1.15, s * 1.15]), 0.01, 1000)
+           for s in (0.57, 2.4)]
+  own = [make_plan(c, np.array([1e-5, 1e-5])) for c in comps]
+  stacked = stack_plans(own)
+  assert stacked.fft_size == max(p.fft_size for p in own)
+  union = make_plan(jaxacct.dpsgd_composition(np.array([0.57 / 1.15, 2.4 * 1.15]), 0.01, 1000),
+                    np.array([1e-5, 1e-5]))
+  assert stacked.fft_size * stacked.per_step_size < union.fft_size * union.per_step_size
+  for i, plan in enumerate(own):
+    h = stacked.grid_step[i]
+    assert h <= float(plan.grid_step)
+    assert stacked.per_step_size * h >= plan.per_step_size * float(plan.grid_step) * (1 - 1e-12)
+    assert stacked.fft_size * h == pytest.approx(plan.fft_size * float(plan.grid_step), rel=1e-12)
+    assert stacked.log_tail[i] == float(plan.log_tail)
+
+
 def test_constant_time_accountants_meet_the_budget_to_round_off():
   for accountant in ("spa", "rdp"):
     sigma = np.asarray(calibrate.noise_multiplier(EPSILONS, DELTAS, RATES, STEPS,

@@ -292,6 +292,23 @@ def _band(fft: int, sd_bins: float, log_window_tail: float) -> int:
   return min(fft // 2 + 1, _ladder(k, minimum=16))
 
 
+def stack_plans(plans) -> Plan:
+  """One plan for a batch whose settings were planned apart: leaves [settings], static sizes
+  shared. Each setting keeps its loss range and window, on a grid refined by the ratio of the
+  largest FFT to its own (so its low band and band needs stay what they were): a batch then
+  costs its largest setting's sizes, not those of one grid serving the whole batch."""
+  fft = max(plan.fft_size for plan in plans)
+  ratios = [fft / plan.fft_size for plan in plans]
+  per_step = min(fft, _ladder(max(math.ceil(plan.per_step_size * r)
+                                  for plan, r in zip(plans, ratios))))
+  low = max(plan.low_frequencies for plan in plans)
+  band = max(plan.band for plan in plans)
+  leaves = [np.array([float(plan.grid_step) / r for plan, r in zip(plans, ratios)])]
+  leaves += [np.array([float(getattr(plan, name)) for plan in plans])
+             for name in ("log_tail", "log_window_tail", "delta_error")]
+  return Plan(*leaves, per_step, fft, low, _block(fft, low), max(low, band))
+
+
 def widen(plan: Plan, size_cache: SizeCache | None = None) -> Plan | None:
   """The same plan with a twice larger FFT window (after a WINDOW_TOO_SMALL status); None when
   that window would span more loss than float64 serves (``MAX_SPAN``)."""

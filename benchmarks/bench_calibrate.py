@@ -1,0 +1,129 @@
+"""Calibration: the noise multiplier for a privacy budget, jaxacct beside the libraries users pick.
+
+Workload (issue 15, `../shared/notes/anchors.md` section 3): DP-SGD with Poisson sampling, the
+sigma that gives epsilon = 2 at delta = 1e-5 with q = 0.01 and T = 1,000 steps. Everything runs in
+ONE process, one after another:
+
+* jaxacct ``calibrate.noise_multiplier`` with the PLD (default), saddle-point and RDP accountants:
+  cold (the first call: tracing and compiling included; ``import jaxacct`` timed apart) and warm
+  (median of repeated calls); then 100 targets (epsilon 0.5...10) in ONE call;
+* Opacus ``get_noise_multiplier`` with its PRV and RDP accountants (default tolerance 0.01);
+* prv-accountant ``find_noise_multiplier`` (eps_error 0.1, its default; skipped by ``--quick``);
+* dp-accounting ``calibrate_dp_mechanism`` with its PLD (value discretisation 1e-4) and RDP
+  accountants.
+
+For every answer the script prints jaxacct's certified PLD upper epsilon at that sigma: a value
+above the target is a calibration that overshoots the budget. Ratios are peer time / jaxacct warm
+PLD time.
+
+Run:  pip install -e ".[bench]"; python benchmarks/bench_calibrate.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+
+import numpy as np
+
+EPSILON, DELTA, Q, STEPS = 2.0, 1e-5, 0.01, 1000
+N_TARGETS = 100
+WARM_REPEATS = 5
+
+
+def timed(fn):
+  start = time.perf_counter()
+  out = fn()
+  return out, time.perf_counter() - start
+
+
+def warm_median(fn, repeats=WARM_REPEATS):
+  return statistics.median(timed(fn)[1] for _ in range(repeats))
+
+
+def jaxacct_rows(calibrate):
+  """(name, sigma, cold s, warm s) for each jaxacct accountant."""
+  rows = []
+  for accountant in ("pld", "spa", "rdp"):
+    call = lambda: float(calibrate.noise_multiplier(EPSILON, DELTA, Q, STEPS,
+                                                    accountant=accountant))
+    sigma, cold = timed(call)
+    rows.append((f"jaxacct {accountant}", sigma, cold, warm_median(call)))
+  return rows
+
+
+def peer_rows(quick):
+  """(name, sigma, seconds) for each peer library's calibration of the same target."""
+  import dp_accounting
+  from dp_accounting import mechanism_calibration as calibration
+  from dp_accounting.pld import pld_privacy_accountant
+  from dp_accounting.rdp import rdp_privacy_accountant
+  from opacus.accountants.utils import get_noise_multiplier
+
+  rows = []
+  for accountant in ("prv", "rdp"):
+    sigma, seconds = timed(lambda: get_noise_multiplier(
+        target_epsilon=EPSILON, target_delta=DELTA, sample_rate=Q, steps=STEPS,
+        accountant=accountant))
+    rows.append((f"opacus get_noise_multiplier ({accountant})", sigma, seconds))
+
+  def event(sigma):
+    return dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(Q, dp_accounting.GaussianDpEvent(sigma)), STEPS)
+
+  makers = {"pld": lambda: pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4),
+            "rdp": rdp_privacy_accountant.RdpAccountant}
+  for name, make in makers.items():
+    sigma, seconds = timed(lambda: calibration.calibrate_dp_mechanism(
+        make, event, EPSILON, DELTA, calibration.LowerEndpointAndGuess(0.1, 1.0)))
+    rows.append((f"dp-accounting calibrate_dp_mechanism ({name})", sigma, seconds))
+
+  if not quick:
+    from prv_accountant.dpsgd import find_noise_multiplier
+    sigma, seconds = timed(lambda: find_noise_multiplier(Q, STEPS, EPSILON, DELTA))
+    rows.append(("prv-accountant find_noise_multiplier", sigma, seconds))
+  return rows
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--quick", action="store_true", help="skip prv-accountant (~2 minutes)")
+  args = parser.parse_args()
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  _, import_time = timed(lambda: __import__("jaxacct.calibrate"))
+  import jax
+  import jaxacct
+  from jaxacct import calibrate
+
+  print(f"machine: {platform.machine()}, {os.cpu_count()} cores, jax {jax.__version__}, "
+        f"{jax.devices()}, load {os.getloadavg()}")
+  print(f"workload: sigma for epsilon = {EPSILON} at delta = {DELTA}, q = {Q}, T = {STEPS}")
+  print(f"import jaxacct: {import_time:.2f} s")
+  upper = lambda sigma: float(jaxacct.dpsgd_epsilon(sigma, Q, STEPS, DELTA).upper)
+
+  ours = jaxacct_rows(calibrate)
+  base = ours[0][3]
+  print(f"\n{'method':46s} {'sigma':>10s} {'cold s':>8s} {'warm s':>8s} {'PLD upper eps':>14s}")
+  for name, sigma, cold, warm in ours:
+    print(f"{name:46s} {sigma:10.6f} {cold:8.2f} {warm:8.3f} {upper(sigma):14.6f}")
+
+  targets = np.linspace(0.5, 10.0, N_TARGETS)
+  batch = lambda: np.asarray(calibrate.noise_multiplier(targets, DELTA, Q, STEPS))
+  sigmas, cold = timed(batch)
+  warm = warm_median(batch, repeats=2)
+  print(f"{N_TARGETS} targets (epsilon 0.5...10) in one PLD call: cold {cold:.2f} s, warm "
+        f"{warm:.2f} s ({1e3 * warm / N_TARGETS:.1f} ms per target); sigma "
+        f"{sigmas.min():.4f}...{sigmas.max():.4f}")
+
+  print(f"\n{'peer (one call)':46s} {'sigma':>10s} {'s':>8s} {'ratio':>8s} {'PLD upper eps':>14s}")
+  for name, sigma, seconds in peer_rows(args.quick):
+    print(f"{name:46s} {sigma:10.6f} {seconds:8.2f} {seconds / base:7.1f}x {upper(sigma):14.6f}")
+  print("ratio: peer time / jaxacct warm PLD time; PLD upper eps > 2 means the budget is exceeded")
+
+
+if __name__ == "__main__":
+  main()

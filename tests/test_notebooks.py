@@ -1,0 +1,46 @@
+"""The notebooks in notebooks/ run from a clean kernel (CPU, deterministic) and assert their own
+key numbers against independent references (closed forms, finite differences, a grid search);
+the committed copies keep their outputs, so they render with their plots."""
+
+import os
+import pathlib
+import sys
+
+import nbclient
+import nbformat
+import pytest
+
+NOTEBOOKS = sorted((pathlib.Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
+
+
+def test_there_are_notebooks():
+  assert NOTEBOOKS, "notebooks/ holds no notebook"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_runs(path, tmp_path, monkeypatch):
+  # The kernel is this interpreter's: its directory first on PATH (a kernelspec names "python").
+  monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+  monkeypatch.delenv("MPLBACKEND", raising=False)  # the kernel's inline backend draws the figures
+  notebook = nbformat.read(path, as_version=4)
+  client = nbclient.NotebookClient(notebook, timeout=900, kernel_name="python3",
+                                   resources={"metadata": {"path": str(tmp_path)}})
+  client.execute()  # raises CellExecutionError on any failing cell or assert
+  assert _images(notebook) == _images(nbformat.read(path, as_version=4))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_committed_notebook_shows_its_outputs(path):
+  notebook = nbformat.read(path, as_version=4)
+  code = [cell for cell in notebook.cells if cell.cell_type == "code"]
+  assert all(cell.get("execution_count") for cell in code), "commit the notebook executed"
+  assert not [o for cell in code for o in cell.outputs if o.output_type == "error"]
+  shows = sum("plt.show()" in cell.source for cell in code)
+  assert _images(notebook) == shows > 0
+
+
+def _images(notebook):
+  """How many PNG figures the notebook's outputs hold."""
+  return sum("image/png" in output.get("data", {}) for cell in notebook.cells
+             if cell.cell_type == "code" for output in cell.outputs)
