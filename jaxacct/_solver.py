@@ -71,7 +71,8 @@ def newton_in_bracket(value_and_slope, lo, hi, x0, iters=8, tol=0.0):
   return x, a, b, done, slope
 
 
-def bracket_search(evaluate, x0, *, step, lower, upper, iters=60, tol=0.0, whole=False):
+def bracket_search(evaluate, x0, *, step, lower, upper, iters=60, tol=0.0, whole=False,
+                   ftol=None, safe_end="b"):
   """Root of a decreasing scalar function of x > 0, without a known bracket; values only.
 
   ``evaluate(x)`` returns (f(x), aux). From ``x0`` the search steps outwards in log x by
@@ -80,8 +81,10 @@ def bracket_search(evaluate, x0, *, step, lower, upper, iters=60, tol=0.0, whole
   point of the bracket in log x (the value kept at an end that survived twice is halved, so
   convergence stays superlinear), the midpoint where that point is not finite or not inside. One
   evaluation per iteration, at most ``iters``; it stops once b - a <= ``tol`` * b (``whole``: x
-  is a whole number, points are rounded, and it stops at b - a <= 1). Traceable, no gradient
-  (wrap it in ``implicit_root`` for one).
+  is a whole number, points are rounded, and it stops at b - a <= 1), or once a point evaluated
+  on the ``safe_end``'s side ("b": f <= 0, "a": f >= 0) has |f| <= ``ftol`` (that end is then as
+  good as the root: one-sided answers need no narrow bracket). Traceable, no gradient (wrap it in
+  ``implicit_root`` for one).
 
   Returns (a, b, aux at a, aux at b, found): both ends evaluated where ``found``; otherwise the
   search reached the end of the domain without a sign change (the function keeps one sign).
@@ -125,6 +128,9 @@ def bracket_search(evaluate, x0, *, step, lower, upper, iters=60, tol=0.0, whole
     x_next = jnp.where(both, jnp.where(inside, secant, mid), out)
     stuck = ~both & (out == x)  # at the end of the domain, no sign change
     stop = (both & narrow(a, b)) | zero | stuck
+    if ftol is not None:
+      on_safe_side = ~right if safe_end == "b" else right
+      stop = stop | (both & on_safe_side & (jnp.abs(fx) <= ftol))
     return dict(i=c["i"] + 1, x=x_next, a=a, b=b, fa=fa, fb=fb, aux_a=aux_a, aux_b=aux_b,
                 have_a=have_a, have_b=have_b, k=jnp.where(both, c["k"], c["k"] + 1.0),
                 kept=jnp.where(both, jnp.where(right, 1, -1), 0).astype(jnp.int32), stop=stop)

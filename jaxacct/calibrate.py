@@ -62,6 +62,7 @@ DOMAIN = {"noise_multiplier": (1e-3, 1e6), "sampling_rate": (1e-12, 1.0),
 _PLD_MARGIN = {"epsilon": 2e-4, "delta": 1e-3}
 _EXACT_MARGIN = 1e-9
 _TOL = 1e-9        # relative width of the final bracket of sigma or q
+_FTOL = 0.05       # ... or the safe end's upper within this fraction of the margin below the aim
 _SEARCH = 60       # evaluations budget of the secant search
 _SPREAD = 1.15     # the PLD plan serves the start's value within this factor either side
 _STEP = 0.01       # the certified search's first step from its start, in log x (then doubling)
@@ -149,8 +150,9 @@ def _core(unknown, accountant, target_kind, relation, full_batch, field, step, m
   start = jax.lax.stop_gradient(start)
 
   def solve(_, __):
-    a, b, at_a, at_b, found = bracket_search(evaluate, start, step=step, lower=lo, upper=hi,
-                                             iters=_SEARCH, tol=_TOL, whole=unknown == "steps")
+    a, b, at_a, at_b, found = bracket_search(
+        evaluate, start, step=step, lower=lo, upper=hi, iters=_SEARCH, tol=_TOL,
+        whole=unknown == "steps", ftol=_FTOL * margin, safe_end="b" if sign > 0 else "a")
     value, at, far = (b, at_b, at_a) if sign > 0 else (a, at_a, at_b)
     # (as floats: custom_root gives its aux float tangents)
     floats = dataclasses.replace(at, status=at.status.astype(jnp.float64))

@@ -117,6 +117,24 @@ def test_secant_bracket_search_values_only(target):
   assert len(calls) == 3
 
 
+@pytest.mark.parametrize("safe_end", ["a", "b"])
+def test_secant_bracket_search_stops_when_the_safe_end_is_close(safe_end):
+  """With ``ftol`` the search stops once a point on the safe end's side has |f| <= ftol: that
+  end is then within ftol of the root (in f), on its side."""
+  f = lambda x: jnp.log(0.3) - jnp.log(x)   # root 0.3; f = -log(x / 0.3)
+  counted = lambda **kw: bracket_search(lambda x: (f(x), x), 1.0, step=0.5, lower=1e-9,
+                                        upper=1e3, tol=1e-13, **kw)
+  a, b, at_a, at_b, found = counted(ftol=1e-4, safe_end=safe_end)
+  assert bool(found)
+  end = float(a if safe_end == "a" else b)
+  value = float(f(end))
+  assert (0.0 <= value <= 1e-4) if safe_end == "a" else (-1e-4 <= value <= 0.0)
+  assert float(at_a) == float(a) and float(at_b) == float(b)
+  # Without it the bracket is narrowed to tol (the same ends' sides, the root to 1e-12).
+  a, b, *_ = counted()
+  assert float(b - a) <= 1e-12 and float(f(a)) >= 0.0 >= float(f(b))
+
+
 def test_secant_bracket_search_whole_numbers_and_no_sign_change():
   f = lambda x: 1234.4 - x
   a, b, *_, found = bracket_search(lambda x: (f(x), x), 10.0, step=0.3, lower=1.0, upper=1e7,
