@@ -354,7 +354,7 @@ def _calibrate(unknown, target, accountant, relation, plan, size_cache, target_v
   own_plan = accountant == "pld" and plan is None
   start = _starts(unknown, target, relation, full_batch, flat)
   centre, spread, replan = start, _SPREAD, own_plan
-  for _ in range(4):
+  for _ in range(6):
     if replan:
       plan = _plan_for(unknown, target, relation, full_batch, flat, centre, spread, size_cache,
                        per_setting=True)
@@ -368,14 +368,16 @@ def _calibrate(unknown, target, accountant, relation, plan, size_cache, target_v
     over = ~(upper <= np.asarray(flat[1]))  # (nan: no bound, over)
     if not (replan or np.any(over)):
       break
-    centre, spread = value, _SPREAD
+    # A plan that failed the search (its answer at the edge of what the plan served: the start
+    # was far off) is remade around that answer, twice as wide in log x each time.
+    centre, spread = value, (spread * spread if replan else _SPREAD)
     # Where the front door's own plan reads a higher upper, aim lower by twice the excess.
     excess = np.where(over, np.nan_to_num(upper / np.asarray(flat[1]) - 1.0, nan=1e-3,
                                           posinf=1e-3), 0.0)
     flat = (flat[0] + 2.0 * excess + np.where(over, _EXACT_MARGIN, 0.0),) + flat[1:]
   else:
     raise RuntimeError(f"calibrating {unknown}: the certified upper at the answer stayed above "
-                       "the target after 4 attempts; please report this setting")
+                       "the target after 6 attempts; please report this setting")
   value = np.asarray(value)
   if unknown == "steps":
     value = _last_whole_step(target, accountant, relation, flat, value)

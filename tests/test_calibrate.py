@@ -74,6 +74,15 @@ def test_a_batch_plans_each_setting_apart():
     assert stacked.log_tail[i] == float(plan.log_tail)
 
 
+def test_a_start_far_from_the_answer_is_recovered_by_wider_plans():
+  """Tiny q, few steps, small epsilon: the saddle-point start (sigma ~1.99) is twice the answer
+  (~0.886), beyond the first plan; the plan is remade around each answer, wider each time."""
+  eps, delta, q, steps = 0.11072552403015318, 1.0282320190576635e-07, 3.233047134286453e-4, 807
+  sigma = float(calibrate.noise_multiplier(eps, delta, q, steps))
+  assert eps * (1.0 - 3e-3) <= float(_upper(sigma, q, steps, delta)) <= eps
+  assert float(_upper(sigma * (1.0 - 5e-3), q, steps, delta)) > eps
+
+
 def test_constant_time_accountants_meet_the_budget_to_round_off():
   for accountant in ("spa", "rdp"):
     sigma = np.asarray(calibrate.noise_multiplier(EPSILONS, DELTAS, RATES, STEPS,
