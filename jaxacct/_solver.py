@@ -6,8 +6,6 @@
   in one loop that evaluates the function once per iteration (calibration: each value is a
   certified accountant, and the function is compiled once); on real or whole-number unknowns.
 * ``bisect``: plain bisection of an increasing function (placing quadrature nodes; no gradient).
-* ``expand_bracket``: from an initial guess, step outwards geometrically until the sign changes
-  (calibration: the unknown's range is not known in advance); says when no bracket was found.
 * ``implicit_root``: differentiates a root by the implicit-function theorem
   (``jax.lax.custom_root``), with a tangent solve for scalar, elementwise or vector roots.
 * ``root_in_bracket``: ``newton_in_bracket`` plus ``implicit_root``, with the options the
@@ -157,45 +155,6 @@ def bisect(increasing, lo, hi, steps=30):
   return jax.lax.fori_loop(0, steps, halve, (lo, hi))
 
 
-def expand_bracket(decreasing, x0, *, factor=2.0, lower=0.0, upper=jnp.inf, steps=60,
-                   scale="log"):
-  """A sign bracket of a decreasing scalar function around the guess ``x0``.
-
-  Steps outwards from x0 (multiplying or dividing by ``factor`` for ``scale="log"``, positive
-  unknowns; adding or subtracting ``factor`` times a doubling step for ``scale="linear"``),
-  towards the root's side, never beyond [``lower``, ``upper``] (the domain), until the function
-  changes sign, at most ``steps`` times. Returns (lo, hi, found): f(lo) >= 0 >= f(hi) when
-  ``found``; otherwise the domain end that was reached (the caller raises, or reports nan under
-  tracing). Traceable: a while loop with a static step budget.
-  """
-  x0 = jnp.asarray(x0)
-  f0 = decreasing(x0)
-  right = f0 > 0.0  # the root lies above x0
-
-  def moved(x, k):
-    if scale == "log":
-      out = jnp.where(right, x * factor, x / factor)
-    else:
-      out = jnp.where(right, x + factor * 2.0 ** k, x - factor * 2.0 ** k)
-    return jnp.clip(out, lower, upper)
-
-  def cond(carry):
-    k, _, _, f_far, stuck = carry
-    return (k < steps) & (jnp.where(right, f_far > 0.0, f_far < 0.0)) & ~stuck
-
-  def body(carry):
-    k, _, far, _, _ = carry
-    new = moved(far, k)
-    return k + 1, far, new, decreasing(new), new == far
-
-  k, near, far, f_far, _ = jax.lax.while_loop(
-      cond, body, (jnp.zeros((), jnp.int32), x0, x0, f0, jnp.zeros((), bool)))
-  found = jnp.where(right, f_far <= 0.0, f_far >= 0.0) | (f0 == 0.0)
-  lo = jnp.where(right, near, far)
-  hi = jnp.where(right, far, near)
-  return lo, hi, found
-
-
 def _tangent_solve(structure):
   """The linear solve of the implicit-function theorem: given g = d residual / d x (a linear map)
   and y, x with g(x) = y. "elementwise": independent scalar roots stacked in an array (g is
@@ -262,19 +221,3 @@ def root_in_bracket(residual, lo, hi, iters, which=0, tol=0.0, start=None, coars
     return jnp.where(converged, x, end), slope
 
   return implicit_root(residual, solve, jnp.zeros(()), has_aux=True)
-
-
-def root(residual, x0, *, lower=0.0, upper=jnp.inf, factor=2.0, scale="log", iters=60, tol=0.0,
-         name="the unknown"):
-  """Root of a decreasing scalar ``residual`` without a known bracket: ``expand_bracket`` from the
-  guess ``x0`` within the domain [``lower``, ``upper``], then ``root_in_bracket`` (implicit
-  gradients). With concrete values, a missing bracket raises ``ValueError`` naming ``name``;
-  under tracing the root is nan. Returns (root, found)."""
-  lo, hi, found = expand_bracket(residual, x0, factor=factor,
-                                 lower=lower, upper=upper, scale=scale)
-  lo, hi = jax.lax.stop_gradient(lo), jax.lax.stop_gradient(hi)
-  x, _ = root_in_bracket(residual, lo, hi, iters, tol=tol)
-  if not isinstance(found, jax.core.Tracer) and not bool(found):
-    raise ValueError(f"no value of {name} in [{lower}, {upper}] solves the equation: its residual "
-                     f"keeps one sign from {float(x0)!r} to the end of that range")
-  return jnp.where(found, x, jnp.nan), found
