@@ -336,9 +336,14 @@ def _unreachable(unknown, target, accountant, relation, flat, value, index):
   return ValueError(f"the target {what} cannot be met by {unknown} {setting}: {why}")
 
 
+def _budget(target, epsilon, delta):
+  """(the target's value, the other quantity): (epsilon, delta) or (delta, epsilon)."""
+  return (epsilon, delta) if target == "epsilon" else (delta, epsilon)
+
+
 @float64
-def _calibrate(unknown, target, accountant, relation, plan, size_cache, target_value, other,
-               known):
+def _calibrate(unknown, target, accountant, relation, plan, size_cache, epsilon, delta, known):
+  target_value, other = _budget(target, epsilon, delta)
   _check(unknown, target, accountant, relation, target_value, other, known)
   q = known.get("sampling_rate")
   full_batch = (q is not None and not is_traced(q) and bool(np.all(np.asarray(q) == 1.0)))
@@ -420,9 +425,8 @@ def noise_multiplier(epsilon, delta, sampling_rate, steps, *, target="epsilon", 
   target, the rate and, with real-count accountants, the steps).
   """
   known = {"sampling_rate": sampling_rate, "steps": steps}
-  target_value, other = (epsilon, delta) if target == "epsilon" else (delta, epsilon)
-  return _calibrate("noise_multiplier", target, accountant, relation, plan, size_cache,
-                    target_value, other, known)
+  return _calibrate("noise_multiplier", target, accountant, relation, plan, size_cache, epsilon,
+                    delta, known)
 
 
 def sampling_rate(epsilon, delta, noise_multiplier, steps, *, target="epsilon",
@@ -431,9 +435,8 @@ def sampling_rate(epsilon, delta, noise_multiplier, steps, *, target="epsilon",
   """The largest Poisson sampling rate whose certified upper bound meets the budget, for DP-SGD
   with ``noise_multiplier`` over ``steps`` steps (float64 array; differentiable)."""
   known = {"noise_multiplier": noise_multiplier, "steps": steps}
-  target_value, other = (epsilon, delta) if target == "epsilon" else (delta, epsilon)
-  return _calibrate("sampling_rate", target, accountant, relation, plan, size_cache,
-                    target_value, other, known)
+  return _calibrate("sampling_rate", target, accountant, relation, plan, size_cache, epsilon,
+                    delta, known)
 
 
 def steps(epsilon, delta, noise_multiplier, sampling_rate, *, target="epsilon",
@@ -441,9 +444,8 @@ def steps(epsilon, delta, noise_multiplier, sampling_rate, *, target="epsilon",
   """The largest whole number of DP-SGD steps whose certified upper bound meets the budget
   (float64 array of whole numbers; T + 1 steps would exceed it)."""
   known = {"noise_multiplier": noise_multiplier, "sampling_rate": sampling_rate}
-  target_value, other = (epsilon, delta) if target == "epsilon" else (delta, epsilon)
-  return _calibrate("steps", target, accountant, relation, plan, size_cache, target_value,
-                    other, known)
+  return _calibrate("steps", target, accountant, relation, plan, size_cache, epsilon,
+                    delta, known)
 
 
 for _fn in (noise_multiplier, sampling_rate, steps):
@@ -464,7 +466,7 @@ def make_plan(unknown, epsilon, delta, *, noise_multiplier=None, sampling_rate=N
   missing = [name for name, value in known.items() if value is None]
   if missing:
     raise ValueError(f"calibrating {unknown} needs {' and '.join(missing)}")
-  target_value, other = (epsilon, delta) if target == "epsilon" else (delta, epsilon)
+  target_value, other = _budget(target, epsilon, delta)
   _check(unknown, target, "pld", relation, target_value, other, known)
   check_range("spread", spread, 1.0, np.inf)
   q = known.get("sampling_rate")

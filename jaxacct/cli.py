@@ -165,17 +165,12 @@ def main(argv=None) -> int:
   _enable_compile_cache()
   import jaxacct
 
-  if args.command == "calibrate":
-    try:
-      return _calibrate(jaxacct, args)
-    except ValueError as err:
-      print(f"jaxacct: error: {err}", file=sys.stderr)
-      return 2
-
   steps = int(args.steps) if float(args.steps).is_integer() else args.steps
   setting = {"noise_multiplier": args.noise_multiplier, "sampling_rate": args.sampling_rate,
              "steps": steps, "relation": args.relation}
   try:
+    if args.command == "calibrate":
+      return _calibrate(jaxacct, args)
     if args.command == "compare":
       return _compare(jaxacct, args, setting)
     result = _query(jaxacct, args, args.accountant, args.method)
