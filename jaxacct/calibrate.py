@@ -232,6 +232,12 @@ def _check(unknown, target, accountant, relation, target_value, other, known):
   if target == "epsilon":
     check_range("epsilon", target_value, 0.0, np.inf)
     check_delta(other)
+    floor = _PLD_MARGIN["epsilon"]  # (the upper is aimed this far below the target)
+    if (accountant == "pld" and not is_traced(target_value)
+        and np.any(np.asarray(target_value) <= floor)):
+      raise ValueError(f"epsilon must be > {floor:g} for the PLD accountant's calibration (its "
+                       f"certified upper is aimed {floor:g} below the target); got "
+                       f"{target_value!r}")
   else:
     check_delta(target_value)
     check_epsilon(other)

@@ -170,6 +170,7 @@ def test_opacus_compatible_noise_multiplier():
     (lambda: calibrate.noise_multiplier(1.0, 1e-5, 0.01, 10.5), "steps must be whole"),
     (lambda: calibrate.noise_multiplier(1.0, 1e-5, 0.01, 100, accountant="gdp"),
      "certified upper bound"),
+    (lambda: calibrate.noise_multiplier(1e-4, 1e-5, 1.0, 1), "epsilon must be > 0.0002"),
     (lambda: calibrate.steps(1e-3, 1e-5, 0.5, 1.0), "one step already"),
     (lambda: calibrate.sampling_rate(50.0, 1e-5, 1.0, 10, accountant="rdp"), "above 1"),
     (lambda: calibrate.noise_multiplier(1e-9, 1e-5, 1.0, 10**6, accountant="rdp"),
