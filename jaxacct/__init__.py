@@ -8,7 +8,7 @@ Quick start::
     eps.lower, eps.estimate, eps.upper   # certified: lower <= true epsilon <= upper
 """
 
-from jaxacct import calibrate, cgf, edgeworth, gdp, pld, rdp, spa
+from jaxacct import calibrate, cgf, edgeworth, gdp, individual, pld, rdp, spa
 from jaxacct.api import (ACCOUNTANTS, RELATIONS, compose, delta, dpsgd_composition, dpsgd_delta,
                          dpsgd_epsilon, dpsgd_plan, epsilon, make_plan)
 from jaxacct.calibrate import get_noise_multiplier
@@ -28,5 +28,5 @@ __all__ = [
     "PureDP", "RELATIONS", "SampledGaussianReplaceOne", "SizeCache",
     "compose", "delta", "dpsgd_composition", "dpsgd_delta", "dpsgd_epsilon", "dpsgd_plan",
     "epsilon", "from_dp_event", "get_noise_multiplier", "make_plan", "calibrate", "cgf",
-    "edgeworth", "gdp", "pld", "rdp", "spa",
+    "edgeworth", "gdp", "individual", "pld", "rdp", "spa",
 ]

@@ -1,0 +1,12 @@
+"""Individual (per-example) privacy accounting on the device.
+
+* ``gdp_filter`` / ``rdp_filter``: each example keeps its own budget and leaves training when it
+  is spent (Koskela, Tobaben and Honkela 2023; Feldman and Zrnic 2021), as Optax-style
+  ``init``/``update`` pure functions over a small pytree state, updated inside a compiled step.
+* ``spent_mu`` and each filter's ``odometer``: what every example has spent so far.
+"""
+
+from jaxacct.individual.filters import (DEFAULT_ORDERS, FilterState, IndividualFilter, gdp_filter,
+                                        spent_mu)
+
+__all__ = ["DEFAULT_ORDERS", "FilterState", "IndividualFilter", "gdp_filter", "spent_mu"]

@@ -1,0 +1,299 @@
+"""Individual privacy filters: each example keeps its own budget inside the training step.
+
+``gdp_filter`` is Algorithm 1 of Koskela, Tobaben and Honkela (ICLR 2023): at step j example i
+contributes mu_j^i = min(||g_i||, C) / (sigma C) (its own sensitivity over the noise) and joins the
+step only while its running sum of mu^2, *including this step*, stays <= B^2 (the strict HALT of
+their filter, ``> B^2``). By their Theorem 1 (fully adaptive GDP composition) the whole run is
+B-GDP for every example under add/remove, so (eps, delta_B(eps))-DP for all eps.
+
+``rdp_filter`` is the individual Renyi filter of Feldman and Zrnic (NeurIPS 2021) for Gaussian and
+Poisson-subsampled Gaussian steps, at a fixed vector of orders: an example joins while its RDP sum
+stays within the budget at every order.
+
+Both are Optax-style: a function of the hyper-parameters returns pure ``init``/``update``
+functions over a small pytree state (``FilterState``) of static shape, updated inside a compiled
+step (no host callbacks). A step's examples come as a fixed-shape batch (``norms``, ``indices``,
+``valid``): padded entries (``valid`` False) are ignored, so Poisson batches work under ``jit``.
+
+What a ledger records. Charges are rounded up and summed as double words (``_directed``): the
+recorded spending is never below the exact one, in float32 or float64. An example whose norm
+exceeds C is charged as C (clipping), never less; a NaN, infinite or negative norm under ``jit``
+is charged as C too (a concrete one raises ``ValueError``). The admission test is
+``recorded + charge <= B^2 (1 + rtol)`` (``rtol`` = 1e-9 by default absorbs the rounding of a
+budget computed as sqrt(T)/sigma, so T clipped steps fit): every example's exact spending is then
+<= B^2 (1 + rtol), i.e. the run is B sqrt(1 + rtol)-GDP, which ``guarantee`` reports.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from fractions import Fraction
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxacct import gdp
+from jaxacct.individual import _directed
+from jaxacct.individual._directed import host_round
+
+DEFAULT_RTOL = 1e-9
+# Renyi orders of ``rdp_filter`` by default: a compact set that holds DP-SGD's optimal orders.
+DEFAULT_ORDERS = (1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0, 20.0, 24.0,
+                  32.0, 40.0, 48.0, 64.0, 128.0, 256.0)
+_ODOMETER_POINTS = 2048  # mu grid of the GDP odometer's table
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class FilterState:
+  """The per-example ledger of an individual filter (a pytree of arrays, static shapes).
+
+  ``spent`` + ``spent_low`` is each example's recorded spending as a double word, in units of
+  ``unit``: for ``gdp_filter`` ([N]) sum_j (min(||g_ij||, C) / C)^2, the number of clipped steps
+  it is worth (exact for clipped steps), with ``unit`` = 1/sigma^2 (rounded up) the mu^2 of one;
+  for ``rdp_filter`` the RDP at each order ([N, orders], ``unit`` = 1). Read it with
+  ``spent_mu`` / the filter's ``odometer``. ``halted`` marks examples refused at least once (with
+  ``may_return=False`` they never return). ``active`` marks the examples admitted to the
+  latest step (a Poisson batch keeps only its active members). ``steps`` counts the steps taken.
+  """
+
+  spent: jax.Array
+  spent_low: jax.Array
+  halted: jax.Array
+  active: jax.Array
+  steps: jax.Array
+  unit: jax.Array
+
+
+class IndividualFilter(NamedTuple):
+  """``init()`` -> state; ``update(state, norms, indices, valid)`` -> (state, active);
+  ``odometer(state, delta)`` -> each example's epsilon so far (an upper bound, [N]);
+  ``guarantee(delta)`` -> the epsilon every example is held to (host float)."""
+
+  init: Callable
+  update: Callable
+  odometer: Callable
+  guarantee: Callable
+
+
+def _dtype(dtype):
+  return jnp.dtype(dtype) if dtype is not None else jnp.zeros(()).dtype  # float32 unless x64
+
+
+def _positive(name, value):
+  try:
+    ok = all(math.isfinite(float(v)) and float(v) > 0 for v in np.ravel(value))
+  except (TypeError, ValueError):
+    ok = False
+  if not ok:
+    raise ValueError(f"{name} must be finite and > 0; got {value!r}")
+
+
+def _check_count(num_examples):
+  if not (isinstance(num_examples, (int, np.integer)) and num_examples > 0):
+    raise ValueError(f"num_examples must be a positive integer; got {num_examples!r}")
+
+
+def _is_concrete(*values):
+  return not any(isinstance(v, jax.core.Tracer) for v in values)
+
+
+def _checked_batch(norms, indices, valid, num_examples):
+  """The batch as arrays; when concrete, ValueError naming the argument for bad input."""
+  norms, indices, valid = jnp.asarray(norms), jnp.asarray(indices), jnp.asarray(valid)
+  if not (norms.ndim == 1 and norms.shape == indices.shape == valid.shape):
+    raise ValueError("norms, indices and valid must be 1-D arrays of one shape; got shapes "
+                     f"{norms.shape}, {indices.shape} and {valid.shape}")
+  if not jnp.issubdtype(indices.dtype, jnp.integer):
+    raise ValueError(f"indices must be integers; got dtype {indices.dtype}")
+  if not jnp.issubdtype(norms.dtype, jnp.floating):
+    norms = norms.astype(jnp.zeros(()).dtype)
+  if valid.dtype != bool:
+    raise ValueError(f"valid must be a boolean mask; got dtype {valid.dtype}")
+  if _is_concrete(norms, indices, valid):
+    n, i, v = np.asarray(norms), np.asarray(indices), np.asarray(valid)
+    if np.any(v & ~(n >= 0)):
+      raise ValueError("norms must be >= 0 and not NaN (the per-example gradient norms); got "
+                       f"{n[v & ~(n >= 0)][:4]!r}")
+    if np.any(v & ((i < 0) | (i >= num_examples))):
+      raise ValueError(f"indices must lie in [0, {num_examples}); got "
+                       f"{i[v & ((i < 0) | (i >= num_examples))][:4]!r}")
+    if len(np.unique(i[v])) != int(np.sum(v)):
+      raise ValueError("indices of valid entries must be distinct (an example is in a step at "
+                       "most once)")
+  return norms, indices, valid
+
+
+def _ledger_norms(norms, dtype):
+  """Norms in the ledger's dtype, rounded up where the conversion rounded down."""
+  if norms.dtype == dtype:
+    return norms
+  converted = norms.astype(dtype)
+  return jnp.where(converted < norms, _directed.up(converted), converted)
+
+
+def _scatter(array, indices, changed, values, num_examples):
+  """``array`` with ``values`` written at ``indices`` where ``changed`` (others dropped)."""
+  return array.at[jnp.where(changed, indices, num_examples)].set(values, mode="drop")
+
+
+def _step_count(state, new_step):
+  return state.steps + 1 if new_step else state.steps
+
+
+def _empty_state(num_examples, orders_shape, dtype, unit):
+  zeros = jnp.zeros((num_examples,) + orders_shape, dtype)
+  flags = jnp.zeros(num_examples, bool)
+  return FilterState(zeros, zeros, flags, flags, jnp.zeros((), jnp.int32), jnp.asarray(unit))
+
+
+# ----------------------------------------------------------------------------------------------
+# GDP filter
+
+
+def _budget_squares(budget, num_examples):
+  """B^2 as Fractions (exact), one per example or one for all."""
+  values = np.ravel(np.asarray(budget, np.float64))
+  if values.size not in (1, num_examples):
+    raise ValueError(f"budget must be a scalar or one value per example ({num_examples}); got "
+                     f"{values.size} values")
+  return [Fraction(float(b)) ** 2 for b in values]
+
+
+def _per_example(values, dtype, direction):
+  """Host Fractions rounded to ``dtype`` (a scalar when all examples share one)."""
+  rounded = np.array([host_round(v, dtype, direction) for v in values], dtype)
+  return rounded[0] if rounded.size == 1 else rounded
+
+
+@functools.lru_cache(maxsize=64)
+def _gdp_odometer_table(top_mu, delta, dtype):
+  """(mu grid, eps at the grid rounded up), both in ``dtype``, eps computed in float64 at the
+  grid's own values: eps(mu) of mu-GDP at ``delta`` is convex in mu (and 0 at mu = 0), so the
+  chord between grid points bounds it from above (checked in the tests)."""
+  grid = np.geomspace(top_mu * 1e-6, top_mu, _ODOMETER_POINTS - 1).astype(dtype)
+  grid = np.concatenate([[0.0], np.unique(grid)]).astype(dtype)
+  with jax.ensure_compile_time_eval():  # (a host table, also when called under a trace)
+    eps = np.asarray(gdp.epsilon_of_mu(grid[1:].astype(np.float64), delta), np.float64)
+  eps = np.concatenate([[0.0], [host_round(e, dtype, 1) for e in eps]]).astype(dtype)
+  return grid, eps
+
+
+def _chord_upper(x, grid, values):
+  """The chord interpolant of a convex increasing table at x, with a margin of 8 units of
+  rounding; +inf above the table."""
+  grid, values = jnp.asarray(grid), jnp.asarray(values)
+  k = jnp.clip(jnp.searchsorted(grid, x, side="left"), 1, grid.shape[0] - 1)
+  x0, x1, y0, y1 = grid[k - 1], grid[k], values[k - 1], values[k]
+  frac = jnp.clip((x - x0) / (x1 - x0), 0.0, 1.0)
+  y = y0 + (y1 - y0) * frac
+  y = _directed.up(y + 8.0 * jnp.finfo(y.dtype).eps * y1)
+  return jnp.where(x <= grid[-1], jnp.minimum(y, y1), jnp.inf)
+
+
+def gdp_filter(budget, clip_norm, noise_multiplier, num_examples, may_return=True,
+               fill_up=False, *, rtol=DEFAULT_RTOL, dtype=None) -> IndividualFilter:
+  """Individual GDP filter for DP-GD (Alg. 1 of Koskela et al.): every example B-GDP.
+
+  Args:
+    budget: the mu-GDP budget B > 0 (one for all, or one per example); from a target
+      (eps, delta) take ``jaxacct.gdp.mu_of_eps_delta(eps, delta)``.
+    clip_norm: C > 0; noise_multiplier: sigma > 0 (the noise's std is sigma C).
+    num_examples: N, the dataset size (indices are 0..N-1).
+    may_return: True (Alg. 1): an example refused at one step (charged nothing) joins a later
+      step that fits its remaining budget. False: the authors' code's monotone active set, an
+      example once refused never returns.
+    fill_up: Remark 3 / Feldman-Zrnic Alg. 3: a step that does not fit is taken with the
+      example's gradient scaled by s in [0, 1) so that it spends its budget exactly;
+      ``active`` is then each example's gradient scale (1, s or 0), else a boolean mask.
+    rtol: relative tolerance of the admission test (module docstring).
+    dtype: the ledger's float dtype (default: float32, or float64 when x64 is enabled).
+
+  The filter is for steps whose sum holds exactly the active listed examples (DP-GD, or a
+  deterministic batch): an example not listed at a step is not charged. For Poisson-subsampled
+  steps use ``rdp_filter(..., sampling_rate=q)``.
+  """
+  _positive("budget", budget)
+  _positive("clip_norm", clip_norm)
+  _positive("noise_multiplier", noise_multiplier)
+  _check_count(num_examples)
+  if not 0 <= rtol < 1e-2:
+    raise ValueError(f"rtol must be in [0, 0.01); got {rtol!r}")
+  if float(noise_multiplier) > 1e15:
+    raise ValueError(f"noise_multiplier must be <= 1e15; got {noise_multiplier!r}")
+  dtype = _dtype(dtype)
+  sigma_sq = Fraction(float(noise_multiplier)) ** 2
+  squares = _budget_squares(budget, num_examples)  # B^2; in clipped steps B^2 sigma^2:
+  threshold = _per_example([b * sigma_sq * (1 + Fraction(rtol)) for b in squares], dtype, -1)
+  fill_to = _per_example([b * sigma_sq for b in squares], dtype, -1)
+  mu_max = math.sqrt(float(max(squares) * (1 + Fraction(rtol)))) * (1 + 4e-16)  # B sqrt(1+rtol)
+  top_mu = mu_max * (1 + 1e-6)  # the odometer's table reaches past it
+  unit = host_round(1 / sigma_sq, dtype, 1)
+  clip = host_round(float(clip_norm), dtype, -1)
+
+  def init():
+    return _empty_state(num_examples, (), dtype, unit)
+
+  def update(state, norms, indices, valid, new_step=True):
+    norms, indices, valid = _checked_batch(norms, indices, valid, num_examples)
+    valid = valid & (indices >= 0) & (indices < num_examples)  # (traced out-of-range: skipped)
+    at = jnp.where(valid, indices, 0)
+    charge = _directed.clipped_square(_ledger_norms(norms, dtype), clip)
+    hi, lo = state.spent[at], state.spent_low[at]
+    new_hi, new_lo = _directed.add(hi, lo, charge)
+    limit = threshold if np.ndim(threshold) == 0 else jnp.asarray(threshold)[at]
+    allowed = valid if may_return else valid & ~state.halted[at]
+    active = allowed & (_directed.total(new_hi, new_lo) <= limit)
+    halted = state.halted
+    if fill_up:
+      target = fill_to if np.ndim(fill_to) == 0 else jnp.asarray(fill_to)[at]
+      scale = _fill_scale(_directed.total(hi, lo), target, charge)
+      partial = allowed & ~active & (scale > 0)
+      new_hi = jnp.where(partial, target, new_hi)
+      new_lo = jnp.where(partial, 0.0, new_lo)
+      charged = active | partial
+      out = jnp.where(active, 1.0, jnp.where(partial, scale, 0.0)).astype(dtype)
+      halted = _scatter(halted, indices, partial, True, num_examples)
+    else:
+      charged, out = active, active
+    halted = _scatter(halted, indices, allowed & ~charged, True, num_examples)
+    was_active = jnp.zeros_like(state.active) if new_step else state.active
+    state = FilterState(_scatter(state.spent, indices, charged, new_hi, num_examples),
+                        _scatter(state.spent_low, indices, charged, new_lo, num_examples),
+                        halted, _scatter(was_active, indices, charged, True, num_examples),
+                        _step_count(state, new_step), state.unit)
+    return state, out
+
+  def odometer(state, delta):
+    grid, eps = _gdp_odometer_table(top_mu, float(delta), np.dtype(state.spent.dtype))
+    return _chord_upper(spent_mu(state), grid, eps)
+
+  def guarantee(delta):
+    return float(gdp.epsilon_of_mu(mu_max, delta))
+
+  return IndividualFilter(init, update, odometer, guarantee)
+
+
+def _fill_scale(recorded, target, charge):
+  """s in [0, 1] with s^2 * charge <= target - recorded (all rounded down): the gradient scale
+  that spends the rest of the budget (charge >= the exact charge, so the exact spending stays <=
+  target)."""
+  rest, error = _directed.two_sum(target, -recorded)
+  rest = jnp.where(error < 0, jnp.nextafter(rest, jnp.zeros_like(rest)), rest)
+  ratio = jnp.maximum(rest, 0.0) / charge
+  ratio = jnp.nextafter(ratio, jnp.zeros_like(ratio))
+  scale = jnp.nextafter(jnp.sqrt(jnp.maximum(ratio, 0.0)), jnp.zeros_like(ratio))
+  return jnp.clip(scale, 0.0, 1.0)
+
+
+def spent_mu(state: FilterState):
+  """Each example's GDP mu so far, sqrt(recorded sum mu^2), rounded up ([N])."""
+  recorded = _directed.up(_directed.total(state.spent, state.spent_low) * state.unit)
+  return jnp.where(recorded > 0, _directed.up(jnp.sqrt(recorded)), 0.0)
+
+
+__all__ = ["DEFAULT_ORDERS", "FilterState", "IndividualFilter", "gdp_filter", "spent_mu"]

@@ -1,0 +1,279 @@
+"""Individual filters: the GDP filter against an exact (Fraction) re-implementation of Alg. 1 of
+Koskela et al., the paper's numbers, the ledger's rounding, bad input and life inside jit."""
+
+import dataclasses
+import math
+from fractions import Fraction
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from jaxacct import gdp, individual
+from conftest import gaussian_epsilon
+
+DTYPES = [np.float32, np.float64]
+
+
+def _run(f, norms_by_step, valid_by_step, dtype, new_state=None):
+  """Runs the filter over a [T, N] table of norms (every example listed at every step; invalid
+  entries padded), returning the states and outputs of every step."""
+  n = norms_by_step.shape[1]
+  with jax.enable_x64(dtype == np.float64):
+    update = jax.jit(f.update)
+    state = f.init() if new_state is None else new_state
+    states, outs = [], []
+    for norms, valid in zip(norms_by_step, valid_by_step):
+      state, out = update(state, jnp.asarray(norms, dtype), jnp.arange(n), jnp.asarray(valid))
+      states.append(jax.device_get(state))
+      outs.append(np.asarray(out))
+  return states, outs
+
+
+def _exact_alg1(norms_by_step, valid_by_step, budget, clip, sigma, may_return, rtol):
+  """Alg. 1 in exact arithmetic: (active masks, exact spending, margins of each decision)."""
+  n = norms_by_step.shape[1]
+  spent = [Fraction(0)] * n
+  halted = [False] * n
+  limit = Fraction(budget) ** 2 * (1 + Fraction(rtol))
+  masks, margins = [], []
+  for norms, valid in zip(norms_by_step, valid_by_step):
+    mask, margin = [], []
+    for i in range(n):
+      mu_sq = (min(Fraction(float(norms[i])), Fraction(clip)) / (Fraction(sigma) * Fraction(clip))) ** 2
+      candidate = spent[i] + mu_sq
+      ok = bool(valid[i]) and (may_return or not halted[i]) and candidate <= limit
+      if ok:
+        spent[i] = candidate
+      elif valid[i] and (may_return or not halted[i]):
+        halted[i] = True
+      mask.append(ok)
+      margin.append(abs(float((candidate - limit) / limit)))
+    masks.append(mask)
+    margins.append(margin)
+  return np.array(masks), spent, np.array(margins)
+
+
+def _recorded(state, i):
+  """The ledger's recorded sum mu^2 of example i, exactly (double word times unit)."""
+  return ((Fraction(float(state.spent[i])) + Fraction(float(state.spent_low[i])))
+          * Fraction(float(state.unit)))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31 - 1), dtype=st.sampled_from(DTYPES),
+       may_return=st.booleans(), steps=st.integers(1, 40))
+def test_gdp_filter_matches_exact_algorithm_1_and_never_under_records(seed, dtype, may_return,
+                                                                       steps):
+  rng = np.random.default_rng(seed)
+  n = 7
+  clip = float(rng.uniform(0.1, 5.0))
+  sigma = float(np.exp(rng.uniform(np.log(0.5), np.log(50.0))))
+  budget = float(np.sqrt(rng.uniform(0.2, 1.0) * steps) / sigma)
+  # Norms: a mix of tiny, moderate, exactly C and above C (clipped), some exactly 0.
+  scale = clip * np.exp(rng.uniform(-6.0, 1.0, (steps, n)))
+  norms = np.where(rng.random((steps, n)) < 0.1, clip, scale)
+  norms = np.where(rng.random((steps, n)) < 0.05, 0.0, norms).astype(dtype)
+  valid = rng.random((steps, n)) < 0.85
+  f = individual.gdp_filter(budget, clip, sigma, n, may_return=may_return, dtype=dtype)
+  states, outs = _run(f, norms, valid, dtype)
+  masks, exact_spent, margins = _exact_alg1(norms, valid, budget, clip, sigma, may_return,
+                                            individual.filters.DEFAULT_RTOL)
+  tolerance = 1e-5 if dtype == np.float32 else 1e-12
+  got = np.array(outs)
+  differ = got != masks
+  # The float ledger may refuse a step the exact one takes, only at a near-tie; never the reverse
+  # while the histories agree.
+  first = np.argwhere(differ)
+  if first.size:
+    t, i = first[0]
+    assert not got[t, i] and masks[t, i], (t, i)
+    assert margins[t, i] <= tolerance, margins[t, i]
+  else:
+    final = states[-1]
+    limit = Fraction(budget) ** 2 * (1 + Fraction(individual.filters.DEFAULT_RTOL))
+    ulp = Fraction(float(np.finfo(dtype).eps))
+    for i in range(n):
+      recorded = _recorded(final, i)
+      assert recorded >= exact_spent[i]  # never below the exact spending
+      assert recorded <= limit * (1 + 4 * ulp)  # within the budget (the unit's rounding)
+      # ... and close: a few ulps per charge, not one ulp of the total per step.
+      assert recorded <= exact_spent[i] * (1 + 8 * ulp) + Fraction(2) ** -90 * steps
+  if not may_return:  # monotone: once refused (while valid), never active again
+    refused = valid & ~got
+    for i in range(n):
+      hit = np.flatnonzero(refused[:, i])
+      if hit.size:
+        assert not got[hit[0]:, i].any()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fill_up_spends_the_budget_exactly(dtype):
+  rng = np.random.default_rng(3)
+  n, steps, clip, sigma = 16, 60, 1.0, 4.0
+  budget = 1.3
+  norms = (clip * rng.uniform(0.2, 1.5, (steps, n))).astype(dtype)
+  valid = np.ones((steps, n), bool)
+  f = individual.gdp_filter(budget, clip, sigma, n, fill_up=True, dtype=dtype)
+  states, outs = _run(f, norms, valid, dtype)
+  outs = np.array(outs)
+  assert outs.min() >= 0.0 and outs.max() <= 1.0
+  partial = (outs > 0) & (outs < 1)
+  assert partial.any(axis=0).all()  # every example was topped up once in 60 steps
+  final = states[-1]
+  target = Fraction(budget) ** 2
+  for i in range(n):
+    recorded = _recorded(final, i)
+    ulp = Fraction(float(np.finfo(dtype).eps))
+    assert target * (1 - 2 * ulp) <= recorded <= target * (1 + 2 * ulp)
+    # The exact spending: the full steps plus the topped-up step (scale^2 mu^2).
+    exact = Fraction(0)
+    for t in range(steps):
+      mu_sq = (min(Fraction(float(norms[t, i])), Fraction(clip)) / (Fraction(sigma) * Fraction(clip))) ** 2
+      exact += Fraction(float(outs[t, i])) ** 2 * mu_sq
+    assert exact <= target
+    assert exact >= target * (1 - 64 * ulp)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_paper_sigma_100_gdp_runs_495_steps_where_rdp_allows_420(dtype):
+  from dp_accounting import dp_event
+  from dp_accounting.rdp import rdp_privacy_accountant
+  accountant = rdp_privacy_accountant.RdpAccountant(orders=list(range(2, 33)))
+  accountant.compose(dp_event.GaussianDpEvent(100.0), 420)
+  eps_rdp = accountant.get_epsilon(1e-5)
+  assert abs(eps_rdp - 0.815630) < 1e-6  # the digest's value
+  budget = float(gdp.mu_of_eps_delta(eps_rdp, 1e-5))
+  f = individual.gdp_filter(budget, 1.0, 100.0, 3, dtype=dtype)
+  norms = np.full((500, 3), 2.0, dtype)  # clipped: the worst case
+  _, outs = _run(f, norms, np.ones((500, 3), bool), dtype)
+  taken = np.array(outs).sum(axis=0)
+  assert list(taken) == [495, 495, 495]
+  assert f.guarantee(1e-5) <= eps_rdp * (1 + 1e-9)  # B sqrt(1 + rtol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mimic_setting_gives_epsilon_2_751021(dtype):
+  sigma = 10.614652581338738
+  budget = math.sqrt(50) / sigma
+  f = individual.gdp_filter(budget, 0.7872438989061009, sigma, 2, dtype=dtype)
+  norms = np.array([[5.0, 0.3]] * 60, dtype)
+  states, outs = _run(f, norms, np.ones((60, 2), bool), dtype)
+  outs = np.array(outs)
+  assert outs[:50, 0].all() and not outs[50:, 0].any()  # 50 clipped steps, then filtered
+  assert outs[:, 1].all()
+  reference = gaussian_epsilon(1e-5, budget)
+  assert abs(reference - 2.751021) < 5e-7
+  assert 0 <= f.guarantee(1e-5) - reference < 1e-8  # B sqrt(1 + rtol)
+  with jax.enable_x64(dtype == np.float64):
+    odometer = np.asarray(f.odometer(states[-1], 1e-5))
+  assert reference <= odometer[0] <= reference * (1 + 8 * np.finfo(dtype).eps) + 1e-6
+  mu_1 = float(individual.spent_mu(states[-1])[1])
+  assert gaussian_epsilon(1e-5, mu_1) <= odometer[1]
+
+
+@pytest.mark.parametrize("delta", [1e-3, 1e-5, 1e-10])
+def test_odometer_bounds_the_exact_epsilon_from_above_and_closely(delta):
+  rng = np.random.default_rng(1)
+  n, sigma, budget = 400, 3.0, 2.0
+  f = individual.gdp_filter(budget, 1.0, sigma, n)
+  with jax.enable_x64(True):
+    f = individual.gdp_filter(budget, 1.0, sigma, n)
+    state = f.init()
+    spent = np.concatenate([[0.0, 1e-12], rng.uniform(0, budget**2 * sigma**2, n - 2)])
+    state = dataclasses.replace(state, spent=jnp.asarray(spent))
+    odometer = np.asarray(f.odometer(state, delta))
+    mu = np.asarray(individual.spent_mu(state))
+  # (The table's interpolation against gdp's exact inversion, itself checked against mpmath.)
+  exact = np.asarray(gdp.epsilon_of_mu(np.maximum(mu, 1e-300), delta))
+  assert np.all(odometer >= exact)
+  assert np.all(odometer <= exact * (1 + 2e-4) + 1e-6)
+
+
+def test_update_compiles_in_a_float32_program_with_no_host_callback(x64_off):
+  f = individual.gdp_filter(0.5, 1.0, 2.0, 100)
+
+  @jax.jit
+  def step(state, norms, indices, valid):
+    state, active = f.update(state, norms, indices, valid)
+    return state, active, f.odometer(state, 1e-5)
+
+  state = f.init()
+  args = (jnp.linspace(0.0, 2.0, 10), jnp.arange(10) * 7, jnp.arange(10) < 8)
+  text = str(jax.make_jaxpr(step)(state, *args))
+  assert "callback" not in text and "f64" not in text
+  state, active, eps = step(state, *args)
+  assert state.spent.dtype == jnp.float32 and eps.dtype == jnp.float32
+  assert active.tolist() == [True] * 8 + [False] * 2
+  leaves, tree = jax.tree_util.tree_flatten(state)
+  again = jax.device_put(jax.tree_util.tree_unflatten(tree, leaves))
+  assert jax.tree_util.tree_all(jax.tree_util.tree_map(lambda a, b: bool(jnp.all(a == b)),
+                                                       state, again))
+
+
+def test_nan_and_negative_norms_under_jit_are_charged_as_the_clip_norm(x64_off):
+  f = individual.gdp_filter(1.0, 1.0, 2.0, 4)
+  state, _ = jax.jit(f.update)(f.init(), jnp.array([jnp.nan, -1.0, jnp.inf, 0.5]),
+                               jnp.arange(4), jnp.ones(4, bool))
+  spent = np.asarray(state.spent)
+  assert spent[:3].tolist() == [1.0, 1.0, 1.0]
+  assert 0.25 <= spent[3] <= 0.25 * (1 + 4e-7)  # (rounded up)
+
+
+def test_out_of_range_indices_under_jit_are_skipped(x64_off):
+  f = individual.gdp_filter(1.0, 1.0, 2.0, 4)
+  state, active = jax.jit(f.update)(f.init(), jnp.ones(3), jnp.array([0, 4, -1]),
+                                    jnp.ones(3, bool))
+  assert active.tolist() == [True, False, False]
+  assert np.asarray(state.spent).tolist() == [1.0, 0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: individual.gdp_filter(0.0, 1.0, 1.0, 3), "budget"),
+    (lambda: individual.gdp_filter(-1.0, 1.0, 1.0, 3), "budget"),
+    (lambda: individual.gdp_filter(1.0, 0.0, 1.0, 3), "clip_norm"),
+    (lambda: individual.gdp_filter(1.0, 1.0, float("nan"), 3), "noise_multiplier"),
+    (lambda: individual.gdp_filter(1.0, 1.0, 1.0, 0), "num_examples"),
+    (lambda: individual.gdp_filter([1.0, 2.0], 1.0, 1.0, 3), "budget"),
+])
+def test_bad_hyper_parameters_are_refused_by_name(call, message):
+  with pytest.raises(ValueError, match=message):
+    call()
+
+
+@pytest.mark.parametrize("norms, indices, valid, message", [
+    ([1.0, -0.5], [0, 1], [True, True], "norms"),
+    ([1.0, float("nan")], [0, 1], [True, True], "norms"),
+    ([1.0, 1.0], [0, 3], [True, True], "indices"),
+    ([1.0, 1.0], [1, 1], [True, True], "distinct"),
+    ([1.0, 1.0, 1.0], [0, 1], [True, True], "shape"),
+    ([1.0, 1.0], [0, 1], [True], "shape"),
+    ([1.0, 1.0], [0.0, 1.0], [True, True], "integers"),
+    ([1.0, 1.0], [0, 1], [1, 1], "boolean"),
+])
+def test_bad_batches_are_refused_by_name(norms, indices, valid, message):
+  f = individual.gdp_filter(1.0, 1.0, 1.0, 3)
+  with pytest.raises(ValueError, match=message):
+    f.update(f.init(), jnp.asarray(norms), jnp.asarray(indices), jnp.asarray(valid))
+
+
+def test_invalid_entries_may_hold_anything():
+  f = individual.gdp_filter(1.0, 1.0, 1.0, 3)
+  state, active = f.update(f.init(), jnp.array([0.5, jnp.nan, -3.0]), jnp.array([2, 2, 99]),
+                           jnp.array([True, False, False]))
+  assert active.tolist() == [True, False, False]
+  spent = np.asarray(state.spent)
+  assert spent[:2].tolist() == [0.0, 0.0] and 0.25 <= spent[2] <= 0.25 * (1 + 4e-7)
+
+
+def test_per_example_budgets_and_microbatched_steps():
+  f = individual.gdp_filter(np.array([1.0, 2.0, 3.0]), 1.0, 1.0, 3)
+  state = f.init()
+  for _ in range(10):  # one step in two microbatches
+    state, _ = f.update(state, jnp.ones(2), jnp.array([0, 1]), jnp.ones(2, bool))
+    state, _ = f.update(state, jnp.ones(1), jnp.array([2]), jnp.ones(1, bool), new_step=False)
+  assert int(state.steps) == 10
+  assert np.asarray(state.spent).tolist() == [1.0, 4.0, 9.0]
