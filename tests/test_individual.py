@@ -277,3 +277,119 @@ def test_per_example_budgets_and_microbatched_steps():
     state, _ = f.update(state, jnp.ones(1), jnp.array([2]), jnp.ones(1, bool), new_step=False)
   assert int(state.steps) == 10
   assert np.asarray(state.spent).tolist() == [1.0, 4.0, 9.0]
+
+
+# ----------------------------------------------------------------------------------------------
+# RDP filter
+
+
+def _dp_accounting_rdp(sigmas, q, orders):
+  """dp-accounting's RDP of a heterogeneous sequence of (subsampled) Gaussian steps."""
+  from dp_accounting import dp_event
+  from dp_accounting.rdp import rdp_privacy_accountant
+  accountant = rdp_privacy_accountant.RdpAccountant(orders=list(orders))
+  for sigma in sigmas:
+    event = dp_event.GaussianDpEvent(sigma)
+    accountant.compose(event if q == 1 else dp_event.PoissonSampledDpEvent(q, event))
+  return accountant
+
+
+def _recorded_rdp(state):
+  return np.asarray(state.spent, np.float64) + np.asarray(state.spent_low, np.float64)
+
+
+@pytest.mark.parametrize("q, dtype", [(0.01, np.float64), (0.01, np.float32), (1.0, np.float64),
+                                      (1.0, np.float32)])
+def test_rdp_ledger_matches_dp_accounting_for_the_same_heterogeneous_sequence(q, dtype):
+  rng = np.random.default_rng(5)
+  n, steps, sigma, clip = 4, 25, 1.5, 2.0
+  # Integer orders: there dp-accounting's subsampled-Gaussian RDP is exact (at fractional
+  # orders it is an upper bound, ~3% above the quadrature at 1.25, which jaxacct.rdp matches).
+  orders = [2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0, 128.0]
+  norms = (clip * np.exp(rng.uniform(-3.0, 0.5, (steps, n)))).astype(dtype)
+  f = individual.rdp_filter(1e6, clip, sigma, n, sampling_rate=q, orders=orders, dtype=dtype)
+  states, outs = _run(f, norms, np.ones((steps, n), bool), dtype)
+  assert np.array(outs).all()
+  recorded = _recorded_rdp(states[-1])
+  grid = individual.noise_grid(sigma)
+  for i in range(n):
+    ratios = np.minimum(norms[:, i].astype(np.float64), clip) / clip
+    exact = sigma / ratios
+    theirs = _dp_accounting_rdp(exact, q, orders)
+    assert np.all(recorded[i] >= theirs._rdp * (1 - 1e-12))  # never below the exact sequence
+    if q == 1:  # exact up to rounding
+      np.testing.assert_allclose(recorded[i], theirs._rdp, rtol=8 * np.finfo(dtype).eps)
+    else:  # the noise rounded down onto the grid: dp-accounting on the same grid values
+      rounded = grid[np.searchsorted(grid, exact, side="right") - 1]
+      same = _dp_accounting_rdp(rounded, q, orders)
+      np.testing.assert_allclose(recorded[i], same._rdp, rtol=3e-6)
+    # The odometer: dp-accounting's conversion over the same orders, from above.
+    with jax.enable_x64(dtype == np.float64):
+      odometer = float(f.odometer(states[-1], 1e-5)[i])
+    reference = (same if q < 1 else theirs).get_epsilon(1e-5)
+    assert reference <= odometer <= reference * (1 + 1e-5)
+    exact_eps = theirs.get_epsilon(1e-5)  # the 2.3% grid costs a few percent of epsilon
+    assert exact_eps <= odometer <= exact_eps * 1.1
+
+
+@pytest.mark.parametrize("q", [0.02, 1.0])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rdp_budget_of_t_steps_admits_exactly_t_clipped_steps(q, dtype):
+  steps = 40
+  budget = individual.rdp_budget(3.0, q, steps)
+  f = individual.rdp_filter(budget, 1.0, 3.0, 3, sampling_rate=q, dtype=dtype)
+  norms = np.tile(np.array([5.0, 0.5, 0.5], dtype), (60, 1))
+  valid = np.tile(np.array([True, True, False]), (60, 1))  # example 2 never listed
+  states, outs = _run(f, norms, valid, dtype)
+  outs, active = np.array(outs), np.array([s.active for s in states])
+  assert outs[:steps, 0].all() and not outs[steps:, 0].any()
+  assert outs[:, 1].all()
+  if q < 1:  # the unlisted example is charged the worst case: it stops with the clipped one
+    assert active[:steps, 2].all() and not active[steps:, 2].any()
+  else:  # not in the step: charged nothing
+    assert not active[:, 2].any() and _recorded_rdp(states[-1])[2].max() == 0
+  assert abs(f.guarantee(1e-5) - float(individual.rdp_epsilon(budget, individual.DEFAULT_ORDERS,
+                                                              1e-5))) < 1e-8 * f.guarantee(1e-5)
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), alpha=st.sampled_from([1.5, 2.0, 8.0, 32.0]))
+def test_rdp_filter_at_one_order_halts_like_the_gdp_filter(seed, alpha):
+  """For Gaussian steps RDP_alpha = alpha mu^2 / 2: the filters stop on the same event when
+  B_rdp = alpha B^2 / 2 (Koskela et al., App. A)."""
+  rng = np.random.default_rng(seed)
+  n, steps, sigma = 6, 30, 2.0
+  budget = float(np.sqrt(rng.uniform(1.0, 20.0)) / sigma)
+  norms = np.exp(rng.uniform(-2.0, 0.5, (steps, n)))
+  valid = np.ones((steps, n), bool)
+  with jax.enable_x64(True):
+    gdp_f = individual.gdp_filter(budget, 1.0, sigma, n, dtype=np.float64)
+    rdp_f = individual.rdp_filter(alpha * budget**2 / 2, 1.0, sigma, n, orders=[alpha],
+                                  dtype=np.float64)
+  _, gdp_out = _run(gdp_f, norms, valid, np.float64)
+  _, rdp_out = _run(rdp_f, norms, valid, np.float64)
+  differ = np.array(gdp_out) != np.array(rdp_out)
+  if differ.any():  # only at a near-tie of the two roundings
+    t, i = np.argwhere(differ)[0]
+    spent = sum(min(norms[s, i], 1.0) ** 2 for s in range(t + 1) if gdp_out[s][i] or s == t)
+    assert abs(spent / sigma**2 - budget**2) <= 1e-12 * budget**2
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: individual.rdp_filter(1.0, 1.0, 2.0, 3, sampling_rate=0.1, sigma_grid=[2.5, 3.0]),
+     "does not cover"),
+    (lambda: individual.rdp_filter(1.0, 1.0, 2.0, 3, sampling_rate=0.1, sigma_grid=[2.0, 1.9]),
+     "increasing"),
+    (lambda: individual.rdp_filter(1.0, 1.0, 2.0, 3, orders=[0.5, 2.0]), "orders"),
+    (lambda: individual.rdp_filter(-1.0, 1.0, 2.0, 3), "budget"),
+    (lambda: individual.rdp_filter(1.0, 1.0, 2.0, 3, sampling_rate=1.5), "sampling_rate"),
+])
+def test_bad_rdp_filters_are_refused_by_name(call, message):
+  with pytest.raises(ValueError, match=message):
+    call()
+
+
+def test_subsampled_rdp_steps_come_in_one_update():
+  f = individual.rdp_filter(1.0, 1.0, 2.0, 3, sampling_rate=0.1)
+  with pytest.raises(ValueError, match="one update"):
+    f.update(f.init(), jnp.ones(2), jnp.arange(2), jnp.ones(2, bool), new_step=False)

@@ -6,7 +6,9 @@
 * ``spent_mu`` and each filter's ``odometer``: what every example has spent so far.
 """
 
+from jaxacct.individual._grid import noise_grid
 from jaxacct.individual.filters import (DEFAULT_ORDERS, FilterState, IndividualFilter, gdp_filter,
-                                        spent_mu)
+                                        rdp_budget, rdp_epsilon, rdp_filter, spent_mu)
 
-__all__ = ["DEFAULT_ORDERS", "FilterState", "IndividualFilter", "gdp_filter", "spent_mu"]
+__all__ = ["DEFAULT_ORDERS", "FilterState", "IndividualFilter", "gdp_filter", "noise_grid",
+           "rdp_budget", "rdp_epsilon", "rdp_filter", "spent_mu"]

@@ -36,9 +36,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxacct import gdp
-from jaxacct.individual import _directed
+from jaxacct import gdp, rdp
+from jaxacct.composition import Composition
+from jaxacct.individual import _directed, _grid
 from jaxacct.individual._directed import host_round
+from jaxacct.models import Gaussian, PoissonSampled
 
 DEFAULT_RTOL = 1e-9
 # Renyi orders of ``rdp_filter`` by default: a compact set that holds DP-SGD's optimal orders.
@@ -278,6 +280,173 @@ def gdp_filter(budget, clip_norm, noise_multiplier, num_examples, may_return=Tru
   return IndividualFilter(init, update, odometer, guarantee)
 
 
+# ----------------------------------------------------------------------------------------------
+# RDP filter
+
+
+def _checked_orders(orders):
+  orders = np.asarray(orders, np.float64)
+  if orders.ndim != 1 or orders.size < 1 or not np.all((orders > 1) & (orders <= rdp.MAX_ORDER)):
+    raise ValueError(f"orders must be a 1-D array of Renyi orders in (1, {rdp.MAX_ORDER:g}]; got "
+                     f"{orders!r}")
+  return orders
+
+
+def _step_rdp(noise_multipliers, sampling_rate, orders):
+  """RDP at ``orders`` of one step at each noise multiplier ([grid, orders], float64): the
+  Gaussian's alpha / (2 sigma^2), or the Poisson-subsampled Gaussian's (jaxacct.rdp)."""
+  sigmas = np.asarray(noise_multipliers, np.float64)[:, None]
+  if sampling_rate == 1.0:
+    return orders / (2.0 * sigmas ** 2)
+  composition = Composition.of((PoissonSampled(Gaussian(sigmas), sampling_rate), 1))
+  with jax.ensure_compile_time_eval():
+    return np.asarray(rdp.rdp(composition, orders), np.float64)
+
+
+# Relative allowance for the quadrature error of a tabulated subsampled-Gaussian RDP (jaxacct.rdp
+# is accurate to ~1e-12 relative at DP-SGD's orders and ~1e-8 at order 10^4).
+_RDP_TABLE_SLACK = 1e-6
+
+
+def rdp_budget(noise_multiplier, sampling_rate, steps, orders=DEFAULT_ORDERS):
+  """The RDP at ``orders`` of ``steps`` worst-case DP-SGD steps: the budget under which every
+  example of an ``rdp_filter`` gets the worst-case run's (epsilon, delta), and examples with
+  small gradients run longer. (Raised by 2e-6 relative, so that ``steps`` clipped steps fit a
+  ledger whose charges are rounded up, in float32 too.)"""
+  _positive("noise_multiplier", noise_multiplier)
+  _positive("steps", steps)
+  if not 0 < sampling_rate <= 1:
+    raise ValueError(f"sampling_rate must be in (0, 1]; got {sampling_rate!r}")
+  orders = _checked_orders(orders)
+  step = _step_rdp([float(noise_multiplier)], float(sampling_rate), orders)[0]
+  return float(steps) * step * (1.0 + 2.0 * _RDP_TABLE_SLACK)
+
+
+def rdp_epsilon(rdp_values, orders, delta):
+  """epsilon(delta) from RDP values [..., orders]: min over the orders of the conversion of
+  dp-accounting and TF-Privacy (Balle et al. 2020, Prop. 12), in float64 on the host."""
+  orders = _checked_orders(orders)
+  values = np.asarray(rdp_values, np.float64)
+  shift = np.log1p(-1.0 / orders) - (math.log(delta) + np.log(orders)) / (orders - 1.0)
+  return np.maximum(np.min(values + shift, axis=-1), 0.0)
+
+
+def rdp_filter(budget, clip_norm, noise_multiplier, num_examples, may_return=True, *,
+               sampling_rate=1.0, orders=DEFAULT_ORDERS, sigma_grid=None, rtol=DEFAULT_RTOL,
+               dtype=None) -> IndividualFilter:
+  """Individual Renyi filter (Feldman and Zrnic 2021) for Gaussian or Poisson-subsampled Gaussian
+  steps: an example joins a step while its RDP, including this step, stays within ``budget`` at
+  every order; each example is then (alpha, budget(alpha))-RDP for every order.
+
+  Args:
+    budget: the RDP budget at each order ([orders] or a scalar), e.g. ``rdp_budget(sigma, q, T)``.
+    clip_norm, noise_multiplier, num_examples, may_return, rtol, dtype: as in ``gdp_filter``.
+    sampling_rate: q of Poisson sampling (1: every listed example is in the step).
+    orders: the Renyi orders of the ledger.
+    sigma_grid: with q < 1, the increasing noise grid (from at most ``noise_multiplier``) onto
+      which each step's noise ratio sigma C / min(||g||, C) is rounded down to read its RDP from a
+      table (default: 200 geometric points up to 100 sigma).
+
+  A step's RDP is exact for q = 1 (alpha mu^2 / 2). With q < 1 an example's step costs privacy
+  whether or not it is sampled, so its charge must not depend on the sampling: list a set of
+  examples chosen independently of the step's batch (their norms at the step's parameters,
+  typically all N); every example not listed is charged the step's worst case (a clipped
+  gradient). Then keep the batch's members that ``state.active`` admits. A step's examples must
+  come in one update (``new_step=False`` is refused with q < 1).
+  """
+  _positive("clip_norm", clip_norm)
+  _positive("noise_multiplier", noise_multiplier)
+  _check_count(num_examples)
+  if not 0 < sampling_rate <= 1:
+    raise ValueError(f"sampling_rate must be in (0, 1]; got {sampling_rate!r}")
+  if not 0 <= rtol < 1e-2:
+    raise ValueError(f"rtol must be in [0, 0.01); got {rtol!r}")
+  orders = _checked_orders(orders)
+  budget_values = np.broadcast_to(np.asarray(budget, np.float64), orders.shape)
+  _positive("budget", budget_values)
+  dtype = _dtype(dtype)
+  limit = np.array([host_round(Fraction(float(b)) * (1 + Fraction(rtol)), dtype, -1)
+                    for b in budget_values], dtype)
+  clip = host_round(float(clip_norm), dtype, -1)
+  sigma = float(noise_multiplier)
+  subsampled = sampling_rate < 1.0
+  if subsampled:
+    grid = _grid.checked_grid(_grid.noise_grid(sigma) if sigma_grid is None else sigma_grid,
+                              sigma)
+    table = _step_rdp(grid, float(sampling_rate), orders) * (1.0 + _RDP_TABLE_SLACK)
+    table = np.array([[host_round(v, dtype, 1) for v in row] for row in table], dtype)
+    thresholds = _grid.ratio_thresholds(grid, sigma, dtype)
+    worst = _step_rdp([sigma], float(sampling_rate), orders)[0] * (1.0 + _RDP_TABLE_SLACK)
+    worst = np.array([host_round(v, dtype, 1) for v in worst], dtype)
+  else:
+    per_clipped_step = np.array([host_round(Fraction(float(a)) / (2 * Fraction(sigma) ** 2),
+                                            dtype, 1) for a in orders], dtype)
+
+  def charges(norms):
+    """Each listed example's RDP at the orders for this step ([batch, orders], rounded up)."""
+    norms = _ledger_norms(norms, dtype)
+    if subsampled:
+      ratio = _directed.clipped_ratio(norms, clip)
+      return jnp.asarray(table)[_grid.bucket(ratio, thresholds)]
+    return _directed.times(_directed.clipped_square(norms, clip)[:, None],
+                           jnp.asarray(per_clipped_step))
+
+  def init():
+    return _empty_state(num_examples, orders.shape, dtype, np.asarray(1.0, dtype))
+
+  def update(state, norms, indices, valid, new_step=True):
+    norms, indices, valid = _checked_batch(norms, indices, valid, num_examples)
+    valid = valid & (indices >= 0) & (indices < num_examples)
+    charge = charges(norms)
+    if subsampled:
+      if not new_step:
+        raise ValueError("with sampling_rate < 1 a step's examples come in one update "
+                         "(new_step=False is not accepted)")
+      # Every example: a listed one its own charge, the others the worst case.
+      listed = jnp.broadcast_to(jnp.asarray(worst), state.spent.shape)
+      listed = listed.at[jnp.where(valid, indices, num_examples)].set(charge, mode="drop")
+      new_hi, new_lo = _directed.add(state.spent, state.spent_low, listed)
+      fits = jnp.all(_directed.total(new_hi, new_lo) <= jnp.asarray(limit), axis=-1)
+      allowed = jnp.ones_like(fits) if may_return else ~state.halted
+      active_all = allowed & fits
+      keep = active_all[:, None]
+      state = FilterState(jnp.where(keep, new_hi, state.spent),
+                          jnp.where(keep, new_lo, state.spent_low),
+                          state.halted | (allowed & ~fits), active_all, state.steps + 1,
+                          state.unit)
+      return state, valid & active_all[jnp.where(valid, indices, 0)]
+    at = jnp.where(valid, indices, 0)
+    hi, lo = state.spent[at], state.spent_low[at]
+    new_hi, new_lo = _directed.add(hi, lo, charge)
+    fits = jnp.all(_directed.total(new_hi, new_lo) <= jnp.asarray(limit), axis=-1)
+    allowed = valid if may_return else valid & ~state.halted[at]
+    active = allowed & fits
+    was_active = jnp.zeros_like(state.active) if new_step else state.active
+    state = FilterState(_scatter(state.spent, indices, active, new_hi, num_examples),
+                        _scatter(state.spent_low, indices, active, new_lo, num_examples),
+                        _scatter(state.halted, indices, allowed & ~fits, True, num_examples),
+                        _scatter(was_active, indices, active, True, num_examples),
+                        _step_count(state, new_step), state.unit)
+    return state, active
+
+  shift = np.log1p(-1.0 / orders) - np.log(orders) / (orders - 1.0)
+
+  def odometer(state, delta):
+    """min over orders of the recorded RDP plus the conversion's term, rounded up."""
+    term = shift - math.log(delta) / (orders - 1.0)
+    term = np.array([host_round(v, state.spent.dtype, 1) for v in term], state.spent.dtype)
+    recorded = _directed.total(state.spent, state.spent_low)
+    value = recorded + term
+    value = _directed.up(value + 4.0 * jnp.finfo(value.dtype).eps * jnp.abs(value))
+    nothing = jnp.all(recorded == 0, axis=-1)  # (no step taken: epsilon 0, not the conversion's)
+    return jnp.where(nothing, 0.0, jnp.maximum(jnp.min(value, axis=-1), 0.0))
+
+  def guarantee(delta):
+    return float(rdp_epsilon(budget_values * (1.0 + rtol) * (1 + 4e-16), orders, delta))
+
+  return IndividualFilter(init, update, odometer, guarantee)
+
+
 def _fill_scale(recorded, target, charge):
   """s in [0, 1] with s^2 * charge <= target - recorded (all rounded down): the gradient scale
   that spends the rest of the budget (charge >= the exact charge, so the exact spending stays <=
@@ -296,4 +465,5 @@ def spent_mu(state: FilterState):
   return jnp.where(recorded > 0, _directed.up(jnp.sqrt(recorded)), 0.0)
 
 
-__all__ = ["DEFAULT_ORDERS", "FilterState", "IndividualFilter", "gdp_filter", "spent_mu"]
+__all__ = ["DEFAULT_ORDERS", "FilterState", "IndividualFilter", "gdp_filter", "rdp_budget",
+           "rdp_epsilon", "rdp_filter", "spent_mu"]
