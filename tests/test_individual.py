@@ -393,3 +393,99 @@ def test_subsampled_rdp_steps_come_in_one_update():
   f = individual.rdp_filter(1.0, 1.0, 2.0, 3, sampling_rate=0.1)
   with pytest.raises(ValueError, match="one update"):
     f.update(f.init(), jnp.ones(2), jnp.arange(2), jnp.ones(2, bool), new_step=False)
+
+
+# ----------------------------------------------------------------------------------------------
+# Per-example DP-SGD accounting (bucket counts)
+
+
+def _dp_accounting_heterogeneous(sigmas_and_counts, q):
+  from dp_accounting import dp_event
+  return dp_event.ComposedDpEvent([
+      dp_event.SelfComposedDpEvent(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(s)),
+                                   int(c)) for s, c in sigmas_and_counts if c > 0])
+
+
+@pytest.fixture(scope="module")
+def dpsgd_report():
+  """20 examples with random per-step norms through the in-step counter, and their report."""
+  rng = np.random.default_rng(11)
+  n, steps, q, sigma, clip = 20, 80, 0.05, 1.2, 1.0
+  counter = individual.bucket_counter(sigma, clip, q, n)
+  update = jax.jit(counter.update)
+  state = counter.init()
+  levels = np.exp(rng.uniform(np.log(0.05), np.log(2.0), n))
+  for _ in range(steps):
+    state = update(state, jnp.asarray(levels * rng.uniform(0.3, 1.3, n), jnp.float32),
+                   jnp.arange(n), jnp.ones(n, bool))
+  return counter, state, counter.report(state, 1e-5), individual.noise_grid(sigma), q
+
+
+def test_per_example_pld_bracket_contains_dp_accounting(dpsgd_report):
+  from dp_accounting.pld import pld_privacy_accountant
+  _, state, report, grid, q = dpsgd_report
+  counts = np.asarray(state.counts)
+  assert counts.sum() == 80 * 20
+  for i in range(counts.shape[0]):
+    event = _dp_accounting_heterogeneous(zip(grid, counts[i]), q)
+    eps = {}
+    for pessimistic in (True, False):
+      accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+      accountant._pessimistic_estimate = pessimistic
+      eps[pessimistic] = accountant.compose(event).get_epsilon(1e-5)
+    lower, upper = float(report.pld.lower[i]), float(report.pld.upper[i])
+    assert lower <= eps[False] <= eps[True] <= upper + 1e-4, (i, lower, eps, upper)
+    assert upper - lower < 0.05
+    assert int(report.pld.status[i]) == 0
+
+
+def test_certified_gdp_curve_lies_above_the_pld_upper_curve(dpsgd_report):
+  from jaxacct.individual import dpsgd
+  from jaxacct.pld import query, spectrum
+  from jaxacct.pld.distribution import PrivacyLossDistribution
+  _, state, report, grid, q = dpsgd_report
+  counts = np.asarray(state.counts)
+  eps = np.linspace(0.0, report.gdp_range, 400)
+
+  @jax.jit
+  def upper_curve(terms, row, plan):  # the direct query, point by point
+    fields = spectrum.fields_from_terms(terms, row, plan)
+    return query.delta_from_pld(PrivacyLossDistribution(plan=plan, **fields),
+                                jnp.asarray(eps)).upper
+
+  with jax.enable_x64(True):
+    plan = dpsgd._plan_for(grid, q, 80, report.tail_delta, 0.01)
+    terms = dpsgd._stacked_terms(jnp.asarray(grid), q, plan)
+    for i in range(0, counts.shape[0], 4):
+      upper = np.asarray(upper_curve(terms, jnp.asarray(counts[i], jnp.float64), plan))
+      curve = np.asarray(gdp.delta_of_mu(float(report.gdp_mu[i]), eps))
+      assert np.all(curve + report.tail_delta >= upper), i
+      assert np.all((curve >= upper) | (upper <= report.tail_delta)), i
+  # A curve above the PLD's gives a larger epsilon; its RDP route larger still.
+  assert np.all(report.gdp_epsilon >= report.pld.upper)
+  assert np.all(report.gdp_rdp_epsilon >= report.gdp_epsilon - 1e-9)
+
+
+def test_rdp_figure_matches_dp_accounting_rdp(dpsgd_report):
+  from dp_accounting.rdp import rdp_privacy_accountant
+  from jaxacct.individual import dpsgd
+  _, state, report, grid, q = dpsgd_report
+  counts = np.asarray(state.counts)
+  for i in range(counts.shape[0]):
+    accountant = rdp_privacy_accountant.RdpAccountant(orders=list(dpsgd.RDP_ORDERS))
+    accountant.compose(_dp_accounting_heterogeneous(zip(grid, counts[i]), q))
+    theirs = accountant.get_epsilon(1e-5)
+    # dp-accounting's fractional orders are an upper bound (jaxacct.rdp integrates exactly).
+    assert theirs * 0.97 <= report.rdp_epsilon[i] <= theirs * (1 + 1e-6), i
+
+
+def test_a_never_listed_example_counts_as_clipped(dpsgd_report):
+  counter, state, _, grid, q = dpsgd_report
+  from jaxacct.individual import dpsgd
+  counts = np.zeros((2, grid.size), np.int64)
+  counts[0, 5] = 30  # listed 30 of 40 steps
+  report = dpsgd.per_example_privacy(counts, 40, grid, q, 1e-5)
+  alone = dpsgd.per_example_privacy(np.array([[40] + [0] * (grid.size - 1)] * 2), 40, grid, q,
+                                    1e-5)
+  assert float(report.pld.upper[1]) == float(alone.pld.upper[1])
+  assert float(report.pld.upper[0]) < float(report.pld.upper[1])

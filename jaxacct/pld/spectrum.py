@@ -173,63 +173,53 @@ def entry_terms(mech, add, plan):
   return terms
 
 
-def _empty(plan):
-  """The running sums of a composition of no steps."""
+def _accumulate(terms, counts, plan):
+  """Running sums over the entries of one direction: ``terms`` are the entries' ``entry_terms``
+  stacked (leading axis: entries), ``counts`` their counts [entries]. Count-weighted sums are
+  products with the counts (one matrix product for a batch of count vectors); the band's
+  spectrum is their exponential. A count of 0 adds nothing, also at tilts whose MGF is +inf on
+  a coarse grid, and flags nothing."""
   n, k0, k1 = plan.fft_size, plan.low_frequencies, plan.band
-  zero = jnp.zeros(())
-  return dict(log_band=jnp.zeros(k1, dtype=jnp.complex128), band_zero=jnp.zeros(k1, bool),
-              spectrum_error=jnp.zeros(k1),
-              high_log=zero, low_log=jnp.zeros(k0, dtype=jnp.complex128), low_error=jnp.zeros(k0),
-              low_ok=jnp.ones(k0, dtype=bool), phase=jnp.zeros((), jnp.int64), mass_error=zero,
-              base=jnp.zeros((), jnp.int64), cgf=jnp.zeros((2, len(TILTS))), log_finite=zero,
-              tail=zero, moved=zero, bias=zero, total_count=zero)
-
-
-def _add_entry(acc, terms, count, plan):
-  """The running sums after ``count`` (integer-valued) further uses of an entry."""
-  n, k0, k1 = plan.fft_size, plan.low_frequencies, plan.band
-  k = count.astype(jnp.int64)
-  acc = dict(acc)
-  acc["log_band"] = acc["log_band"] + count * terms["log_f"][:k1]
-  acc["band_zero"] = acc["band_zero"] | (~terms["keep"][:k1] & (count > 0))
-  if k1 < n // 2 + 1:  # log of the largest |F_k|^count above the band
-    acc["high_log"] = acc["high_log"] + count * jnp.log(jnp.maximum(terms["largest"], _TINY))
-  acc["low_log"] = acc["low_log"] + count * terms["low_log"]
-  acc["low_ok"] = acc["low_ok"] & ((terms["deviation"] <= _LOW_BAND_MAX_Z) | (count == 0))
-  acc["phase"] = acc["phase"] + k * terms["centre"]
+  counts = integer_count(counts)
+  used = counts > 0
+  whole = counts.astype(jnp.int64)
+  weighted = lambda x: jnp.tensordot(counts.astype(x.dtype), x, axes=1)
+  flagged = lambda x: jnp.any(used.reshape(used.shape + (1,) * (x.ndim - 1)) & x, axis=0)
+  total = jnp.sum(counts)
+  acc = dict(spectrum=_power_sums(weighted(terms["log_f"][:, :k1]),
+                                  flagged(~terms["keep"][:, :k1])),
+             spectrum_error=weighted(terms["rate"][:, :k1]),
+             low_log=weighted(terms["low_log"]),
+             low_ok=~flagged(terms["deviation"] > _LOW_BAND_MAX_Z),
+             phase=jnp.tensordot(whole, terms["centre"], axes=1),
+             base=jnp.tensordot(whole, terms["start"], axes=1),
+             mass_error=total * _FFT_ULPS * F64_EPS, total_count=total)
   # In the low band, the direct sums' relative error times the count.
   theta_block = (2.0 * math.pi * (plan.block - 1) / n) * jnp.arange(k0)  # largest theta r
-  acc["low_error"] = acc["low_error"] + jax.lax.stop_gradient(
-      count * (256.0 * F64_EPS * terms["deviation"] + theta_block ** _TAYLOR_TERMS / 362880.0))
-  acc["spectrum_error"] = acc["spectrum_error"] + count * terms["rate"][:k1]
-  acc["mass_error"] = acc["mass_error"] + count * _FFT_ULPS * F64_EPS
-  acc["base"] = acc["base"] + k * terms["start"]
-  # (A count of 0 adds nothing, also at tilts whose MGF is +inf on a coarse grid.)
-  acc["cgf"] = acc["cgf"] + jnp.where(count > 0, count * terms["cgf"], 0.0)
+  acc["low_error"] = jax.lax.stop_gradient(
+      256.0 * F64_EPS * weighted(terms["deviation"])
+      + total * theta_block ** _TAYLOR_TERMS / 362880.0)
+  # log of the largest |F_k|^count above the band
+  acc["high_log"] = (weighted(jnp.log(jnp.maximum(terms["largest"], _TINY)))
+                     if k1 < n // 2 + 1 else jnp.zeros(()))
+  cgf = terms["cgf"]
+  acc["cgf"] = jnp.sum(jnp.where(used[:, None, None], counts[:, None, None] * cgf, 0.0), axis=0)
   for key in ("log_finite", "tail", "moved", "bias"):
-    acc[key] = acc[key] + count * terms[key]
-  acc["total_count"] = acc["total_count"] + count
-  return acc
+    acc[key] = weighted(terms[key])
+  return acc, counts
+
+
+def stack_entries(entries):
+  """A list of ``entry_terms`` (one per entry) as one dict of arrays with a leading entry axis."""
+  return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *entries)
 
 
 def entry_terms_by_direction(mechanisms, flags, plan):
-  """``entry_terms`` of each entry (a list) for each direction flag (leading axis): what a
-  batch of compositions that share these models needs to compute only once."""
-  return jax.vmap(lambda add: [entry_terms(mech, add, plan) for mech in mechanisms])(
-      jnp.asarray(flags))
-
-
-def _accumulate(terms, counts, plan):
-  """Spectrum product on the band k < plan.band and bookkeeping for one direction, from each
-  entry's terms and count. Returns the running sums and, per entry, (log F, |F| >= _TINY,
-  round-off rate, count) for ``_high_band``."""
-  acc, steps = _empty(plan), []
-  for entry, count in zip(terms, counts):
-    count = integer_count(count)
-    steps.append((entry["log_f"], entry["keep"], entry["rate"], count))
-    acc = _add_entry(acc, entry, count, plan)
-  acc["spectrum"] = _power_sums(acc.pop("log_band"), acc.pop("band_zero"))
-  return acc, steps
+  """``entry_terms`` of the entries, stacked (``stack_entries``), for each direction flag (leading
+  axis: [directions, entries, ...]): what a batch of compositions that share these models needs
+  to compute only once."""
+  return jax.vmap(lambda add: stack_entries([entry_terms(mech, add, plan)
+                                             for mech in mechanisms]))(jnp.asarray(flags))
 
 
 def high_band_negligible(high_log, plan):
@@ -239,12 +229,13 @@ def high_band_negligible(high_log, plan):
   return high_log + 0.5 * math.log(2.0 * max(n_high, 1)) <= plan.log_window_tail
 
 
-def _high_band(acc, steps, plan, previous=None):
+def _high_band(acc, terms, counts, plan, previous=None):
   """Completes ``acc`` (leading direction axis) with the spectrum above the band.
 
   At large counts the composed spectrum above a small band is below any float64 concern: then
   the band's powers are all that is computed (the dropped part is bounded in ``materialise``);
   otherwise every coefficient is powered. One branch runs (a select under an outer ``vmap``).
+  ``terms`` are the stacked entries of each direction, ``counts`` their (rounded) counts;
   ``previous`` holds the running sums of a PLD being appended to.
   """
   n, k1 = plan.fft_size, plan.band
@@ -258,15 +249,12 @@ def _high_band(acc, steps, plan, previous=None):
     return jnp.zeros(shape, jnp.complex128), jnp.zeros(shape)
 
   def computed():
-    log_sum = jnp.zeros_like(steps[0][0][..., k1:])
-    zero = jnp.zeros(log_sum.shape, bool)
-    error = jnp.zeros(log_sum.shape)
-    for log_f, keep, rate, count in steps:
-      count_ = count[..., None]
-      log_sum = log_sum + count_ * log_f[..., k1:]
-      zero = zero | (~keep[..., k1:] & (count_ > 0))
-      error = error + count_ * rate[..., k1:]
-    spectrum = _power_sums(log_sum, zero)
+    def one(terms, counts):
+      used = (counts > 0)[:, None]
+      weighted = lambda x: jnp.tensordot(counts.astype(x.dtype), x[:, k1:], axes=1)
+      return (_power_sums(weighted(terms["log_f"]), jnp.any(used & ~terms["keep"][:, k1:], 0)),
+              weighted(terms["rate"]))
+    spectrum, error = jax.vmap(one)(terms, counts)
     if previous is not None:
       spectrum = spectrum * previous["spectrum"][..., k1:]
       error = error + previous["spectrum_error"][..., k1:]
@@ -324,10 +312,13 @@ def directions(composition):
 
 
 def fields_from_terms(terms, counts, plan, previous=None):
-  """The composed PLD's fields for each direction from the entries' terms (``entry_terms_by_
-  direction``) and counts; ``previous`` holds the fields of a PLD being appended to (its
-  spectrum, low_ok and running sums: spectra multiply, running sums add)."""
-  acc, steps = jax.vmap(_accumulate, in_axes=(0, None, None))(terms, counts, plan)
+  """The composed PLD's fields for each direction from the entries' stacked terms
+  (``entry_terms_by_direction``: [directions, entries, ...]) and counts ([entries]);
+  ``previous`` holds the fields of a PLD being appended to (its spectrum, low_ok and running
+  sums: spectra multiply, running sums add)."""
+  counts = jnp.stack([jnp.asarray(c, jnp.float64) for c in counts]) if isinstance(
+      counts, (list, tuple)) else jnp.asarray(counts, jnp.float64)
+  acc, rounded = jax.vmap(_accumulate, in_axes=(0, None, None))(terms, counts, plan)
   if previous is not None:
     k1 = plan.band
     for key in RUNNING_SUMS:
@@ -336,7 +327,7 @@ def fields_from_terms(terms, counts, plan, previous=None):
     acc["low_ok"] = acc["low_ok"] & previous["low_ok"]
     acc["spectrum"] = acc["spectrum"] * previous["spectrum"][:, :k1]
     acc["spectrum_error"] = acc["spectrum_error"] + previous["spectrum_error"][:, :k1]
-  acc = _high_band(acc, steps, plan, previous)
+  acc = _high_band(acc, terms, rounded, plan, previous)
   return dict(**acc, **jax.vmap(materialise, (0, None))(acc, plan))
 
 

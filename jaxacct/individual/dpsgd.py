@@ -1,0 +1,292 @@
+"""Per-example (epsilon, delta) of DP-SGD with Poisson sampling (Koskela, Tobaben and Honkela
+2023, Sec. 5 and App. D), from bucket counts kept on the device.
+
+In the training step each listed example's noise ratio sigma~ = sigma C / min(||g||, C) is
+rounded *down* onto a noise grid and counted ([examples, grid] integers: the counts are
+sufficient, a composition does not depend on the order of its steps). Afterwards every example's
+steps are one heterogeneous composition of the grid's few Poisson-subsampled Gaussians: each
+grid model is discretised and transformed once (``jaxacct.pld``), and an example's composed
+spectrum is the product of their powers (one matrix product for a chunk of examples), followed
+by one inverse transform and the certified query: no per-example discretisation.
+
+As for ``rdp_filter`` with q < 1: a step costs every example privacy whether or not it is
+sampled, so list examples chosen independently of the step's batch (their norms at the step's
+parameters, typically all N); the steps an example is not listed count as clipped (worst case).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxacct import gdp, rdp
+from jaxacct._numerics import float64
+from jaxacct.composition import Composition
+from jaxacct.individual import _directed, _grid
+from jaxacct.individual.filters import (_check_count, _checked_batch, _dtype, _ledger_norms,
+                                        _positive, rdp_epsilon)
+from jaxacct.individual._directed import host_round
+from jaxacct.models import Gaussian, PoissonSampled
+from jaxacct.pld import plan as _plan
+from jaxacct.pld import query, spectrum
+from jaxacct.pld.distribution import PrivacyLossDistribution
+from jaxacct.results import Bounds
+
+# dp-accounting's default Renyi orders, for the RDP figure of the same sequence.
+RDP_ORDERS = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(11, 64))
+                   + [128, 256, 512, 1024])
+_CURVE_POINTS = 96  # epsilon points at which the certified GDP curve is fitted
+
+MEANING = {
+    "pld": "epsilon(delta) of the example's realised per-step norms taken as fixed in advance "
+           "(heterogeneous PLD, noise ratios rounded down onto the grid): upper certifies the "
+           "realised sequence; lower and estimate are those of the rounded sequence",
+    "gdp_mu": "mu whose GDP curve lies above the PLD's certified upper delta curve for every "
+              "eps in [0, gdp_range] (delta of the PLD <= tail_delta beyond): (eps, "
+              "delta_mu(eps) + tail_delta)-DP for every eps >= 0, for the fixed sequence",
+    "gdp_epsilon": "epsilon(delta) of that statement: gdp mu at delta - tail_delta",
+    "gdp_rdp_epsilon": "epsilon(delta) through RDP alpha mu^2 / 2 (the route Koskela et al. "
+                       "justify under fully adaptive composition; it assumes the GDP curve "
+                       "dominates for all eps, which this mu certifies up to tail_delta)",
+    "rdp_epsilon": "epsilon(delta) of the RDP filter's ledger for the same (rounded) sequence: "
+                   "subsampled-Gaussian RDP at dp-accounting's orders, its conversion",
+}
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class BucketState:
+  """Per-example counts of steps at each grid noise ([N, grid] int32) and the steps taken."""
+
+  counts: jax.Array
+  steps: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class PerExample:
+  """Per-example privacy of DP-SGD (arrays [N], float64); ``meaning`` says what each certifies."""
+
+  pld: Bounds
+  gdp_mu: np.ndarray
+  gdp_epsilon: np.ndarray
+  gdp_rdp_epsilon: np.ndarray
+  rdp_epsilon: np.ndarray
+  delta: float
+  tail_delta: float
+  gdp_range: float
+  meaning: dict = dataclasses.field(default_factory=lambda: dict(MEANING))
+
+  def quantiles(self, q=(0.0, 0.1, 0.5, 0.9, 1.0), field="pld"):
+    """Quantiles of a field's epsilon (``pld`` reads its upper bound)."""
+    values = np.asarray(self.pld.upper if field == "pld" else getattr(self, field))
+    return np.quantile(values, q)
+
+  def histogram(self, bins=30, field="pld"):
+    """(counts, edges) of a field's epsilon (``pld`` reads its upper bound)."""
+    values = np.asarray(self.pld.upper if field == "pld" else getattr(self, field))
+    return np.histogram(values, bins=bins)
+
+
+class BucketCounter(NamedTuple):
+  """``init()``; ``update(state, norms, indices, valid)`` -> state (in the step);
+  ``report(state, delta)`` -> ``PerExample`` (on the host, compiled per chunk)."""
+
+  init: Callable
+  update: Callable
+  report: Callable
+
+
+def bucket_counter(noise_multiplier, clip_norm, sampling_rate, num_examples, *, sigma_grid=None,
+                   dtype=None) -> BucketCounter:
+  """Per-example step counts of DP-SGD on a noise grid, and their per-example privacy report.
+
+  ``sigma_grid``: increasing noise multipliers from at most ``noise_multiplier`` (default 200
+  geometric points up to 100 sigma); ``dtype``: of the norms' comparison (default float32, or
+  float64 under x64). See the module docstring for which examples to list at a step.
+  """
+  _positive("noise_multiplier", noise_multiplier)
+  _positive("clip_norm", clip_norm)
+  _check_count(num_examples)
+  if not 0 < sampling_rate <= 1:
+    raise ValueError(f"sampling_rate must be in (0, 1]; got {sampling_rate!r}")
+  sigma, q = float(noise_multiplier), float(sampling_rate)
+  grid = _grid.checked_grid(_grid.noise_grid(sigma) if sigma_grid is None else sigma_grid, sigma)
+  dtype = _dtype(dtype)
+  thresholds = _grid.ratio_thresholds(grid, sigma, dtype)
+  clip = host_round(float(clip_norm), dtype, -1)
+
+  def init():
+    return BucketState(jnp.zeros((num_examples, grid.size), jnp.int32), jnp.zeros((), jnp.int32))
+
+  def update(state, norms, indices, valid, new_step=True):
+    norms, indices, valid = _checked_batch(norms, indices, valid, num_examples)
+    ratio = _directed.clipped_ratio(_ledger_norms(norms, dtype), clip)
+    column = _grid.bucket(ratio, thresholds)
+    rows = jnp.where(valid & (indices >= 0), indices, num_examples)
+    counts = state.counts.at[rows, column].add(1, mode="drop")
+    return BucketState(counts, state.steps + 1 if new_step else state.steps)
+
+  def report(state, delta, *, tail_delta=None, eps_error=0.01, chunk=256):
+    return per_example_privacy(np.asarray(state.counts), int(state.steps), grid, q, delta,
+                               tail_delta=tail_delta, eps_error=eps_error, chunk=chunk)
+
+  return BucketCounter(init, update, report)
+
+
+def _models(sigma, q):
+  """The step of one grid point: the Poisson-subsampled Gaussian, or the Gaussian for q = 1."""
+  return PoissonSampled(Gaussian(sigma), q) if q < 1 else Gaussian(sigma)
+
+
+def _plan_for(grid, q, steps, delta, eps_error):
+  """One plan for every example: the worst one's (all steps at the grid's smallest noise: the
+  widest composed loss, which every other example's lies within). Narrower examples share its
+  grid step: their upper bounds stay certified (the discretisation dominates for any step),
+  their brackets are only wider."""
+  return _plan.make_plan(Composition.of((_models(grid[0], q), steps)), delta, eps_error, 1e-3)
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def _stacked_terms(grid, q, plan):
+  """Every grid model's discretised step, transformed once: [directions, grid, ...]."""
+  def one(add):  # (one grid point at a time: memory stays that of one step)
+    return jax.lax.map(lambda s: spectrum.entry_terms(_models(s, q), add, plan), grid)
+  return jax.vmap(one)(jnp.asarray([0.0, 1.0]))
+
+
+def _upper_curve(view, plan, eps_points):
+  """The certified upper delta(eps) of one direction at ``eps_points`` on the grid's cell
+  boundaries (``query._delta_direction``'s upper, every point from one pass of suffix sums)."""
+  h = plan.grid_step
+  pmf = view["pmf"]
+  n = pmf.shape[0]
+  keep_mean = query._shifts(h)[2]
+  left0 = view["start"].astype(jnp.float64) * h + keep_mean - 0.5 * h
+  rel = (jnp.arange(n) - n // 2).astype(jnp.float64) * h
+  mass = jnp.concatenate([jnp.cumsum(pmf[::-1])[::-1], jnp.zeros(1)])
+  scaled = jnp.concatenate([jnp.cumsum((pmf * jnp.exp(-rel))[::-1])[::-1], jnp.zeros(1)])
+  # Each point is read at the cell boundary at or below it (delta does not increase with eps, so
+  # that value bounds it from above): the cells from b up lie wholly above the boundary (share
+  # 1 - kappa e^{boundary - left}), those below it add nothing. Below the window, at eps itself.
+  b = jnp.floor((eps_points - left0) / h).astype(jnp.int64)
+  exponent = jnp.where(b < 0, eps_points - left0 + rel[0], rel[jnp.clip(b, 0, n - 1)])
+  b = jnp.clip(b, 0, n)
+  kappa = 1.0 + 0.5 * jnp.expm1(-h)
+  grid_delta = jnp.maximum(mass[b] - kappa * jnp.exp(exponent) * scaled[b], 0.0)
+  p_inf = -jnp.expm1(view["log_finite"])
+  return (p_inf + grid_delta * (1.0 + view["mass_error"]) + view["window_above"]
+          + view["fft_error"])
+
+
+def _example(terms, counts, plan, delta, eps_points):
+  """One example: its certified epsilon(delta) and its upper delta curve at ``eps_points``."""
+  fields = spectrum.fields_from_terms(terms, counts, plan)
+  pld = PrivacyLossDistribution(plan=plan, **fields)
+  bounds = query.epsilon_from_pld(pld, delta)
+  views = {key: getattr(pld, key) for key in ("pmf", "start", "log_finite", "mass_error",
+                                              "window_above", "fft_error")}
+  curve = jnp.max(jax.vmap(_upper_curve, (0, None, None))(views, plan, eps_points), axis=0)
+  at_zero = query.delta_from_pld(pld, 0.0).upper
+  return bounds, curve, at_zero
+
+
+def _gdp_mu(curve, at_zero, eps_points, tail_delta):
+  """The smallest mu (of this construction) with delta_mu(eps_k) >= upper(eps_{k-1}) on every
+  interval [eps_{k-1}, eps_k] of the points (eps_{-1} = 0) where upper(eps_{k-1}) > tail_delta:
+  then delta_mu >= upper on the interval (both are non-increasing), and beyond the last such
+  interval the PLD's delta is <= tail_delta."""
+  lefts = jnp.concatenate([at_zero[None], curve[:-1]])
+  live = lefts > tail_delta
+  huge = lefts >= 1.0 - 1e-9
+  mus = gdp._mu_impl(eps_points, jnp.where(live & ~huge, lefts, 0.5))
+  mus = jnp.where(huge, jnp.inf, mus)
+  return jnp.max(jnp.where(live, mus, 0.0)) * (1.0 + 1e-9)
+
+
+@jax.jit
+def _chunk(terms, rows, plan, delta, eps_points, tail_delta):
+  """A chunk of examples (rows of counts), one at a time: bounds, upper curves, GDP mus."""
+  def one(row):
+    bounds, curve, at_zero = _example(terms, row, plan, delta, eps_points)
+    return bounds, curve, _gdp_mu(curve, at_zero, eps_points, tail_delta)
+  return jax.lax.map(one, rows)
+
+
+@float64
+def per_example_privacy(counts, steps, sigma_grid, sampling_rate, delta, *, tail_delta=None,
+                        eps_error=0.01, chunk=256) -> PerExample:
+  """The per-example report from bucket counts ([N, grid] ints), the steps taken, the grid and
+  the sampling rate (q < 1: steps an example was not listed count at the grid's first noise)."""
+  counts = np.array(counts, np.int64)
+  grid = np.asarray(sigma_grid, np.float64)
+  q = float(sampling_rate)
+  if q < 1:
+    counts[:, 0] += steps - counts.sum(axis=1)
+  if not 0 < delta < 1:
+    raise ValueError(f"delta must be in (0, 1); got {delta!r}")
+  tail_delta = 1e-3 * delta if tail_delta is None else float(tail_delta)
+  if not 0 < tail_delta < delta:
+    raise ValueError(f"tail_delta must be in (0, delta); got {tail_delta!r}")
+  worst = max(int(counts.sum(axis=1).max()), 1)
+  plan = _plan_for(grid, q, worst, tail_delta, eps_error)
+  # The GDP fit's points: up to where the worst example's upper delta falls below tail_delta.
+  top = float(_worst_epsilon(grid[0], q, worst, tail_delta, plan)) * 1.1 + 4 * plan.grid_step
+  h = float(plan.grid_step)
+  eps_points = np.unique(np.ceil(np.linspace(0.0, top, _CURVE_POINTS + 1)[1:] / h) * h)
+  terms = _stacked_terms(jnp.asarray(grid), q, plan)
+  outs = []
+  for first in range(0, counts.shape[0], chunk):
+    rows = counts[first:first + chunk]
+    pad = chunk - rows.shape[0]
+    padded = np.concatenate([rows, np.zeros((pad, rows.shape[1]), np.int64)]) if pad else rows
+    out = jax.device_get(_chunk(terms, jnp.asarray(padded, jnp.float64), plan, delta,
+                                jnp.asarray(eps_points), tail_delta))
+    outs.append(jax.tree_util.tree_map(lambda a: a[:rows.shape[0]], out))
+  bounds, curves, mus = jax.tree_util.tree_map(lambda *a: np.concatenate(a), *outs)
+  covered = curves[:, -1] <= tail_delta  # the fit's range reached the tail
+  mus = np.where(covered, mus, np.inf)
+  gdp_eps = np.asarray(gdp.epsilon_of_mu(np.maximum(mus, 1e-300), delta - tail_delta))
+  gdp_rdp = _rdp_route(mus, delta)
+  table = _rdp_table(grid, q)
+  rdp_eps = rdp_epsilon(counts @ table, RDP_ORDERS, delta)
+  return PerExample(bounds, mus, np.where(np.isfinite(mus), gdp_eps, np.inf), gdp_rdp, rdp_eps,
+                    float(delta), tail_delta, float(eps_points[-1]))
+
+
+def _worst_epsilon(sigma, q, steps, delta, plan):
+  from jaxacct.pld import accountant
+  return accountant.epsilon(Composition.of((_models(sigma, q), steps)), delta, plan=plan).upper
+
+
+def _rdp_route(mus, delta):
+  """min over continuous orders of alpha mu^2 / 2 converted (jaxacct.rdp on Gaussian(1/mu))."""
+  finite = np.isfinite(mus) & (mus > 0)
+  out = np.where(finite, 0.0, np.where(mus == 0, 0.0, np.inf))
+  if finite.any():
+    comp = Composition.of((Gaussian(1.0 / mus[finite]), 1))
+    out[finite] = np.asarray(rdp.epsilon(comp, delta).upper)
+  return out
+
+
+def _rdp_table(grid, q):
+  """The RDP of one step at each grid noise and order of ``RDP_ORDERS`` ([grid, orders])."""
+  return _rdp_table_cached(tuple(np.asarray(grid, np.float64).tolist()), float(q))
+
+
+@functools.lru_cache(maxsize=8)
+def _rdp_table_cached(grid, q):
+  grid = np.asarray(grid)
+  orders = np.asarray(RDP_ORDERS, np.float64)
+  if q == 1:
+    return orders[None, :] / (2.0 * grid[:, None] ** 2)
+  composition = Composition.of((PoissonSampled(Gaussian(grid[:, None]), q), 1))
+  return np.asarray(rdp.rdp(composition, orders), np.float64)
+
+
+__all__ = ["BucketCounter", "BucketState", "MEANING", "PerExample", "bucket_counter",
+           "per_example_privacy"]
