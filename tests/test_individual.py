@@ -43,7 +43,8 @@ def _exact_alg1(norms_by_step, valid_by_step, budget, clip, sigma, may_return, r
   for norms, valid in zip(norms_by_step, valid_by_step):
     mask, margin = [], []
     for i in range(n):
-      mu_sq = (min(Fraction(float(norms[i])), Fraction(clip)) / (Fraction(sigma) * Fraction(clip))) ** 2
+      clipped = min(Fraction(float(norms[i])), Fraction(clip))
+      mu_sq = (clipped / (Fraction(sigma) * Fraction(clip))) ** 2
       candidate = spent[i] + mu_sq
       ok = bool(valid[i]) and (may_return or not halted[i]) and candidate <= limit
       if ok:
@@ -132,7 +133,8 @@ def test_fill_up_spends_the_budget_exactly(dtype):
     # The exact spending: the full steps plus the topped-up step (scale^2 mu^2).
     exact = Fraction(0)
     for t in range(steps):
-      mu_sq = (min(Fraction(float(norms[t, i])), Fraction(clip)) / (Fraction(sigma) * Fraction(clip))) ** 2
+      clipped = min(Fraction(float(norms[t, i])), Fraction(clip))
+      mu_sq = (clipped / (Fraction(sigma) * Fraction(clip))) ** 2
       exact += Fraction(float(outs[t, i])) ** 2 * mu_sq
     assert exact <= target
     assert exact >= target * (1 - 64 * ulp)
