@@ -83,3 +83,10 @@ def host_round(value, dtype, direction):
   while (Fraction(float(x)) < exact) if direction > 0 else (Fraction(float(x)) > exact):
     x = np.nextafter(x, target)
   return x
+
+
+def host_round_all(values, dtype, direction):
+  """``host_round`` of every entry of a host array (or list), as an array of ``dtype``."""
+  values = np.asarray(values, object)
+  return np.array([host_round(v, dtype, direction) for v in values.ravel()],
+                  dtype).reshape(values.shape)

@@ -46,8 +46,7 @@ def ratio_thresholds(grid, noise_multiplier, dtype):
   a step of clipped-norm ratio r = min(||g||, C)/C has sigma~ = sigma / r >= sigma_b when
   r <= t_b."""
   sigma = Fraction(float(noise_multiplier))
-  return np.array([_directed.host_round(sigma / Fraction(float(s)), dtype, -1)
-                   for s in grid[::-1]], dtype)
+  return _directed.host_round_all([sigma / Fraction(float(s)) for s in grid[::-1]], dtype, -1)
 
 
 def bucket(ratio_up, thresholds):

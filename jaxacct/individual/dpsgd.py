@@ -25,13 +25,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxacct import gdp, rdp
+from jaxacct._inputs import check_delta
 from jaxacct._numerics import float64
+from jaxacct.api import _dpsgd_model
 from jaxacct.composition import Composition
 from jaxacct.individual import _directed, _grid
-from jaxacct.individual.filters import (_check_count, _checked_batch, _dtype, _ledger_norms,
-                                        _positive, rdp_epsilon)
+from jaxacct.individual.filters import (_check_count, _check_rate, _checked_batch, _dtype,
+                                        _ledger_norms, _positive, _step_rdp, rdp_epsilon)
 from jaxacct.individual._directed import host_round
-from jaxacct.models import Gaussian, PoissonSampled
+from jaxacct.pld import accountant as _pld
 from jaxacct.pld import plan as _plan
 from jaxacct.pld import query, spectrum
 from jaxacct.pld.distribution import PrivacyLossDistribution
@@ -81,15 +83,17 @@ class PerExample:
   gdp_range: float
   meaning: dict = dataclasses.field(default_factory=lambda: dict(MEANING))
 
+  def epsilons(self, field="pld"):
+    """A field's epsilon per example (``pld`` reads its certified upper bound)."""
+    return np.asarray(self.pld.upper if field == "pld" else getattr(self, field))
+
   def quantiles(self, q=(0.0, 0.1, 0.5, 0.9, 1.0), field="pld"):
-    """Quantiles of a field's epsilon (``pld`` reads its upper bound)."""
-    values = np.asarray(self.pld.upper if field == "pld" else getattr(self, field))
-    return np.quantile(values, q)
+    """Quantiles of a field's epsilon."""
+    return np.quantile(self.epsilons(field), q)
 
   def histogram(self, bins=30, field="pld"):
-    """(counts, edges) of a field's epsilon (``pld`` reads its upper bound)."""
-    values = np.asarray(self.pld.upper if field == "pld" else getattr(self, field))
-    return np.histogram(values, bins=bins)
+    """(counts, edges) of a field's epsilon."""
+    return np.histogram(self.epsilons(field), bins=bins)
 
 
 class BucketCounter(NamedTuple):
@@ -112,8 +116,7 @@ def bucket_counter(noise_multiplier, clip_norm, sampling_rate, num_examples, *, 
   _positive("noise_multiplier", noise_multiplier)
   _positive("clip_norm", clip_norm)
   _check_count(num_examples)
-  if not 0 < sampling_rate <= 1:
-    raise ValueError(f"sampling_rate must be in (0, 1]; got {sampling_rate!r}")
+  _check_rate(sampling_rate)
   sigma, q = float(noise_multiplier), float(sampling_rate)
   grid = _grid.checked_grid(_grid.noise_grid(sigma) if sigma_grid is None else sigma_grid, sigma)
   dtype = _dtype(dtype)
@@ -140,7 +143,7 @@ def bucket_counter(noise_multiplier, clip_norm, sampling_rate, num_examples, *, 
 
 def _models(sigma, q):
   """The step of one grid point: the Poisson-subsampled Gaussian, or the Gaussian for q = 1."""
-  return PoissonSampled(Gaussian(sigma), q) if q < 1 else Gaussian(sigma)
+  return _dpsgd_model(sigma, q, "add_remove", q == 1)
 
 
 def _plan_for(grid, q, steps, delta, eps_error):
@@ -159,40 +162,12 @@ def _stacked_terms(grid, q, plan):
   return jax.vmap(one)(jnp.asarray([0.0, 1.0]))
 
 
-def _upper_curve(view, plan, eps_points):
-  """The certified upper delta(eps) of one direction at ``eps_points`` on the grid's cell
-  boundaries (``query._delta_direction``'s upper, every point from one pass of suffix sums)."""
-  h = plan.grid_step
-  pmf = view["pmf"]
-  n = pmf.shape[0]
-  keep_mean = query._shifts(h)[2]
-  left0 = view["start"].astype(jnp.float64) * h + keep_mean - 0.5 * h
-  rel = (jnp.arange(n) - n // 2).astype(jnp.float64) * h
-  mass = jnp.concatenate([jnp.cumsum(pmf[::-1])[::-1], jnp.zeros(1)])
-  scaled = jnp.concatenate([jnp.cumsum((pmf * jnp.exp(-rel))[::-1])[::-1], jnp.zeros(1)])
-  # Each point is read at the cell boundary at or below it (delta does not increase with eps, so
-  # that value bounds it from above): the cells from b up lie wholly above the boundary (share
-  # 1 - kappa e^{boundary - left}), those below it add nothing. Below the window, at eps itself.
-  b = jnp.floor((eps_points - left0) / h).astype(jnp.int64)
-  exponent = jnp.where(b < 0, eps_points - left0 + rel[0], rel[jnp.clip(b, 0, n - 1)])
-  b = jnp.clip(b, 0, n)
-  kappa = 1.0 + 0.5 * jnp.expm1(-h)
-  grid_delta = jnp.maximum(mass[b] - kappa * jnp.exp(exponent) * scaled[b], 0.0)
-  p_inf = -jnp.expm1(view["log_finite"])
-  return (p_inf + grid_delta * (1.0 + view["mass_error"]) + view["window_above"]
-          + view["fft_error"])
-
-
 def _example(terms, counts, plan, delta, eps_points):
   """One example: its certified epsilon(delta) and its upper delta curve at ``eps_points``."""
   fields = spectrum.fields_from_terms(terms, counts, plan)
   pld = PrivacyLossDistribution(plan=plan, **fields)
-  bounds = query.epsilon_from_pld(pld, delta)
-  views = {key: getattr(pld, key) for key in ("pmf", "start", "log_finite", "mass_error",
-                                              "window_above", "fft_error")}
-  curve = jnp.max(jax.vmap(_upper_curve, (0, None, None))(views, plan, eps_points), axis=0)
   at_zero = query.delta_from_pld(pld, 0.0).upper
-  return bounds, curve, at_zero
+  return query.epsilon_from_pld(pld, delta), query.upper_delta_curve(pld, eps_points), at_zero
 
 
 def _gdp_mu(curve, at_zero, eps_points, tail_delta):
@@ -227,8 +202,7 @@ def per_example_privacy(counts, steps, sigma_grid, sampling_rate, delta, *, tail
   q = float(sampling_rate)
   if q < 1:
     counts[:, 0] += steps - counts.sum(axis=1)
-  if not 0 < delta < 1:
-    raise ValueError(f"delta must be in (0, 1); got {delta!r}")
+  check_delta(delta)
   tail_delta = 1e-3 * delta if tail_delta is None else float(tail_delta)
   if not 0 < tail_delta < delta:
     raise ValueError(f"tail_delta must be in (0, delta); got {tail_delta!r}")
@@ -259,8 +233,7 @@ def per_example_privacy(counts, steps, sigma_grid, sampling_rate, delta, *, tail
 
 
 def _worst_epsilon(sigma, q, steps, delta, plan):
-  from jaxacct.pld import accountant
-  return accountant.epsilon(Composition.of((_models(sigma, q), steps)), delta, plan=plan).upper
+  return _pld.epsilon(Composition.of((_models(sigma, q), steps)), delta, plan=plan).upper
 
 
 def _rdp_route(mus, delta):
@@ -268,24 +241,20 @@ def _rdp_route(mus, delta):
   finite = np.isfinite(mus) & (mus > 0)
   out = np.where(finite, 0.0, np.where(mus == 0, 0.0, np.inf))
   if finite.any():
-    comp = Composition.of((Gaussian(1.0 / mus[finite]), 1))
+    comp = Composition.of((_models(1.0 / mus[finite], 1.0), 1))
     out[finite] = np.asarray(rdp.epsilon(comp, delta).upper)
   return out
 
 
 def _rdp_table(grid, q):
-  """The RDP of one step at each grid noise and order of ``RDP_ORDERS`` ([grid, orders])."""
+  """The RDP of one step at each grid noise and order of ``RDP_ORDERS`` ([grid, orders]),
+  computed once per grid and rate."""
   return _rdp_table_cached(tuple(np.asarray(grid, np.float64).tolist()), float(q))
 
 
 @functools.lru_cache(maxsize=8)
 def _rdp_table_cached(grid, q):
-  grid = np.asarray(grid)
-  orders = np.asarray(RDP_ORDERS, np.float64)
-  if q == 1:
-    return orders[None, :] / (2.0 * grid[:, None] ** 2)
-  composition = Composition.of((PoissonSampled(Gaussian(grid[:, None]), q), 1))
-  return np.asarray(rdp.rdp(composition, orders), np.float64)
+  return _step_rdp(grid, q, np.asarray(RDP_ORDERS, np.float64))
 
 
 __all__ = ["BucketCounter", "BucketState", "MEANING", "PerExample", "bucket_counter",

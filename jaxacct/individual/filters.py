@@ -37,10 +37,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxacct import gdp, rdp
+from jaxacct._inputs import check_range
+from jaxacct._numerics import is_traced
+from jaxacct.api import _dpsgd_model
 from jaxacct.composition import Composition
 from jaxacct.individual import _directed, _grid
-from jaxacct.individual._directed import host_round
-from jaxacct.models import Gaussian, PoissonSampled
+from jaxacct.individual._directed import host_round, host_round_all
 
 DEFAULT_RTOL = 1e-9
 # Renyi orders of ``rdp_filter`` by default: a compact set that holds DP-SGD's optimal orders.
@@ -86,22 +88,21 @@ def _dtype(dtype):
   return jnp.dtype(dtype) if dtype is not None else jnp.zeros(()).dtype  # float32 unless x64
 
 
-def _positive(name, value):
-  try:
-    ok = all(math.isfinite(float(v)) and float(v) > 0 for v in np.ravel(value))
-  except (TypeError, ValueError):
-    ok = False
-  if not ok:
-    raise ValueError(f"{name} must be finite and > 0; got {value!r}")
+def _positive(name, value, high=math.inf):
+  check_range(name, value, 0.0, high, high_open=math.isinf(high))
+
+
+def _check_rate(sampling_rate):
+  check_range("sampling_rate", sampling_rate, 0.0, 1.0, high_open=False)
+
+
+def _check_rtol(rtol):
+  check_range("rtol", rtol, 0.0, 1e-2, low_open=False)
 
 
 def _check_count(num_examples):
   if not (isinstance(num_examples, (int, np.integer)) and num_examples > 0):
     raise ValueError(f"num_examples must be a positive integer; got {num_examples!r}")
-
-
-def _is_concrete(*values):
-  return not any(isinstance(v, jax.core.Tracer) for v in values)
 
 
 def _checked_batch(norms, indices, valid, num_examples):
@@ -116,7 +117,7 @@ def _checked_batch(norms, indices, valid, num_examples):
     norms = norms.astype(jnp.zeros(()).dtype)
   if valid.dtype != bool:
     raise ValueError(f"valid must be a boolean mask; got dtype {valid.dtype}")
-  if _is_concrete(norms, indices, valid):
+  if not is_traced((norms, indices, valid)):
     n, i, v = np.asarray(norms), np.asarray(indices), np.asarray(valid)
     if np.any(v & ~(n >= 0)):
       raise ValueError("norms must be >= 0 and not NaN (the per-example gradient norms); got "
@@ -168,7 +169,7 @@ def _budget_squares(budget, num_examples):
 
 def _per_example(values, dtype, direction):
   """Host Fractions rounded to ``dtype`` (a scalar when all examples share one)."""
-  rounded = np.array([host_round(v, dtype, direction) for v in values], dtype)
+  rounded = host_round_all(values, dtype, direction)
   return rounded[0] if rounded.size == 1 else rounded
 
 
@@ -181,7 +182,7 @@ def _gdp_odometer_table(top_mu, delta, dtype):
   grid = np.concatenate([[0.0], np.unique(grid)]).astype(dtype)
   with jax.ensure_compile_time_eval():  # (a host table, also when called under a trace)
     eps = np.asarray(gdp.epsilon_of_mu(grid[1:].astype(np.float64), delta), np.float64)
-  eps = np.concatenate([[0.0], [host_round(e, dtype, 1) for e in eps]]).astype(dtype)
+  eps = np.concatenate([[0.0], host_round_all(eps, dtype, 1)]).astype(dtype)
   return grid, eps
 
 
@@ -221,12 +222,9 @@ def gdp_filter(budget, clip_norm, noise_multiplier, num_examples, may_return=Tru
   """
   _positive("budget", budget)
   _positive("clip_norm", clip_norm)
-  _positive("noise_multiplier", noise_multiplier)
+  _positive("noise_multiplier", noise_multiplier, 1e15)
   _check_count(num_examples)
-  if not 0 <= rtol < 1e-2:
-    raise ValueError(f"rtol must be in [0, 0.01); got {rtol!r}")
-  if float(noise_multiplier) > 1e15:
-    raise ValueError(f"noise_multiplier must be <= 1e15; got {noise_multiplier!r}")
+  _check_rtol(rtol)
   dtype = _dtype(dtype)
   sigma_sq = Fraction(float(noise_multiplier)) ** 2
   squares = _budget_squares(budget, num_examples)  # B^2; in clipped steps B^2 sigma^2:
@@ -250,7 +248,6 @@ def gdp_filter(budget, clip_norm, noise_multiplier, num_examples, may_return=Tru
     limit = threshold if np.ndim(threshold) == 0 else jnp.asarray(threshold)[at]
     allowed = valid if may_return else valid & ~state.halted[at]
     active = allowed & (_directed.total(new_hi, new_lo) <= limit)
-    halted = state.halted
     if fill_up:
       target = fill_to if np.ndim(fill_to) == 0 else jnp.asarray(fill_to)[at]
       scale = _fill_scale(_directed.total(hi, lo), target, charge)
@@ -259,10 +256,10 @@ def gdp_filter(budget, clip_norm, noise_multiplier, num_examples, may_return=Tru
       new_lo = jnp.where(partial, 0.0, new_lo)
       charged = active | partial
       out = jnp.where(active, 1.0, jnp.where(partial, scale, 0.0)).astype(dtype)
-      halted = _scatter(halted, indices, partial, True, num_examples)
     else:
       charged, out = active, active
-    halted = _scatter(halted, indices, allowed & ~charged, True, num_examples)
+    # Refused a full step (a topped-up example's budget is spent too).
+    halted = _scatter(state.halted, indices, allowed & ~active, True, num_examples)
     was_active = jnp.zeros_like(state.active) if new_step else state.active
     state = FilterState(_scatter(state.spent, indices, charged, new_hi, num_examples),
                         _scatter(state.spent_low, indices, charged, new_lo, num_examples),
@@ -298,7 +295,7 @@ def _step_rdp(noise_multipliers, sampling_rate, orders):
   sigmas = np.asarray(noise_multipliers, np.float64)[:, None]
   if sampling_rate == 1.0:
     return orders / (2.0 * sigmas ** 2)
-  composition = Composition.of((PoissonSampled(Gaussian(sigmas), sampling_rate), 1))
+  composition = Composition.of((_dpsgd_model(sigmas, sampling_rate, "add_remove", False), 1))
   with jax.ensure_compile_time_eval():
     return np.asarray(rdp.rdp(composition, orders), np.float64)
 
@@ -315,8 +312,7 @@ def rdp_budget(noise_multiplier, sampling_rate, steps, orders=DEFAULT_ORDERS):
   ledger whose charges are rounded up, in float32 too.)"""
   _positive("noise_multiplier", noise_multiplier)
   _positive("steps", steps)
-  if not 0 < sampling_rate <= 1:
-    raise ValueError(f"sampling_rate must be in (0, 1]; got {sampling_rate!r}")
+  _check_rate(sampling_rate)
   orders = _checked_orders(orders)
   step = _step_rdp([float(noise_multiplier)], float(sampling_rate), orders)[0]
   return float(steps) * step * (1.0 + 2.0 * _RDP_TABLE_SLACK)
@@ -327,8 +323,13 @@ def rdp_epsilon(rdp_values, orders, delta):
   dp-accounting and TF-Privacy (Balle et al. 2020, Prop. 12), in float64 on the host."""
   orders = _checked_orders(orders)
   values = np.asarray(rdp_values, np.float64)
-  shift = np.log1p(-1.0 / orders) - (math.log(delta) + np.log(orders)) / (orders - 1.0)
-  return np.maximum(np.min(values + shift, axis=-1), 0.0)
+  return np.maximum(np.min(values + _conversion(orders, delta), axis=-1), 0.0)
+
+
+def _conversion(orders, delta):
+  """What the conversion adds to the RDP at each order: log(1 - 1/alpha) - (log delta +
+  log alpha) / (alpha - 1)."""
+  return np.log1p(-1.0 / orders) - (math.log(delta) + np.log(orders)) / (orders - 1.0)
 
 
 def rdp_filter(budget, clip_norm, noise_multiplier, num_examples, may_return=True, *,
@@ -357,16 +358,14 @@ def rdp_filter(budget, clip_norm, noise_multiplier, num_examples, may_return=Tru
   _positive("clip_norm", clip_norm)
   _positive("noise_multiplier", noise_multiplier)
   _check_count(num_examples)
-  if not 0 < sampling_rate <= 1:
-    raise ValueError(f"sampling_rate must be in (0, 1]; got {sampling_rate!r}")
-  if not 0 <= rtol < 1e-2:
-    raise ValueError(f"rtol must be in [0, 0.01); got {rtol!r}")
+  _check_rate(sampling_rate)
+  _check_rtol(rtol)
   orders = _checked_orders(orders)
   budget_values = np.broadcast_to(np.asarray(budget, np.float64), orders.shape)
   _positive("budget", budget_values)
   dtype = _dtype(dtype)
-  limit = np.array([host_round(Fraction(float(b)) * (1 + Fraction(rtol)), dtype, -1)
-                    for b in budget_values], dtype)
+  limit = host_round_all([Fraction(float(b)) * (1 + Fraction(rtol)) for b in budget_values],
+                         dtype, -1)
   clip = host_round(float(clip_norm), dtype, -1)
   sigma = float(noise_multiplier)
   subsampled = sampling_rate < 1.0
@@ -374,13 +373,13 @@ def rdp_filter(budget, clip_norm, noise_multiplier, num_examples, may_return=Tru
     grid = _grid.checked_grid(_grid.noise_grid(sigma) if sigma_grid is None else sigma_grid,
                               sigma)
     table = _step_rdp(grid, float(sampling_rate), orders) * (1.0 + _RDP_TABLE_SLACK)
-    table = np.array([[host_round(v, dtype, 1) for v in row] for row in table], dtype)
+    table = host_round_all(table, dtype, 1)
     thresholds = _grid.ratio_thresholds(grid, sigma, dtype)
     worst = _step_rdp([sigma], float(sampling_rate), orders)[0] * (1.0 + _RDP_TABLE_SLACK)
-    worst = np.array([host_round(v, dtype, 1) for v in worst], dtype)
+    worst = host_round_all(worst, dtype, 1)
   else:
-    per_clipped_step = np.array([host_round(Fraction(float(a)) / (2 * Fraction(sigma) ** 2),
-                                            dtype, 1) for a in orders], dtype)
+    per_clipped_step = host_round_all([Fraction(float(a)) / (2 * Fraction(sigma) ** 2)
+                                       for a in orders], dtype, 1)
 
   def charges(norms):
     """Each listed example's RDP at the orders for this step ([batch, orders], rounded up)."""
@@ -429,12 +428,9 @@ def rdp_filter(budget, clip_norm, noise_multiplier, num_examples, may_return=Tru
                         _step_count(state, new_step), state.unit)
     return state, active
 
-  shift = np.log1p(-1.0 / orders) - np.log(orders) / (orders - 1.0)
-
   def odometer(state, delta):
     """min over orders of the recorded RDP plus the conversion's term, rounded up."""
-    term = shift - math.log(delta) / (orders - 1.0)
-    term = np.array([host_round(v, state.spent.dtype, 1) for v in term], state.spent.dtype)
+    term = host_round_all(_conversion(orders, delta), np.dtype(state.spent.dtype), 1)
     recorded = _directed.total(state.spent, state.spent_low)
     value = recorded + term
     value = _directed.up(value + 4.0 * jnp.finfo(value.dtype).eps * jnp.abs(value))

@@ -79,7 +79,7 @@ def _shared_many(mechanisms, counts, x, plan, chunk, quantity):
 
   def single(args):
     row, value = args
-    fields = spectrum.fields_from_terms(terms, list(row), plan)
+    fields = spectrum.fields_from_terms(terms, row, plan)
     return _QUERIES[quantity](PrivacyLossDistribution(plan=plan, **fields), value)
 
   return jax.lax.map(single, (counts, x), batch_size=chunk if chunk > 1 else None)

@@ -173,6 +173,17 @@ def entry_terms(mech, add, plan):
   return terms
 
 
+def _weighted(counts, x):
+  """sum_j counts_j x_j over the leading (entry) axis."""
+  return jnp.tensordot(counts.astype(x.dtype), x, axes=1)
+
+
+def _flagged(counts, x):
+  """Whether any entry with a positive count has ``x`` set (leading axis: entries)."""
+  used = counts > 0
+  return jnp.any(used.reshape(used.shape + (1,) * (x.ndim - 1)) & x, axis=0)
+
+
 def _accumulate(terms, counts, plan):
   """Running sums over the entries of one direction: ``terms`` are the entries' ``entry_terms``
   stacked (leading axis: entries), ``counts`` their counts [entries]. Count-weighted sums are
@@ -181,10 +192,9 @@ def _accumulate(terms, counts, plan):
   a coarse grid, and flags nothing."""
   n, k0, k1 = plan.fft_size, plan.low_frequencies, plan.band
   counts = integer_count(counts)
-  used = counts > 0
   whole = counts.astype(jnp.int64)
-  weighted = lambda x: jnp.tensordot(counts.astype(x.dtype), x, axes=1)
-  flagged = lambda x: jnp.any(used.reshape(used.shape + (1,) * (x.ndim - 1)) & x, axis=0)
+  weighted = lambda x: _weighted(counts, x)
+  flagged = lambda x: _flagged(counts, x)
   total = jnp.sum(counts)
   acc = dict(spectrum=_power_sums(weighted(terms["log_f"][:, :k1]),
                                   flagged(~terms["keep"][:, :k1])),
@@ -203,7 +213,8 @@ def _accumulate(terms, counts, plan):
   acc["high_log"] = (weighted(jnp.log(jnp.maximum(terms["largest"], _TINY)))
                      if k1 < n // 2 + 1 else jnp.zeros(()))
   cgf = terms["cgf"]
-  acc["cgf"] = jnp.sum(jnp.where(used[:, None, None], counts[:, None, None] * cgf, 0.0), axis=0)
+  acc["cgf"] = jnp.sum(jnp.where(counts[:, None, None] > 0, counts[:, None, None] * cgf, 0.0),
+                       axis=0)
   for key in ("log_finite", "tail", "moved", "bias"):
     acc[key] = weighted(terms[key])
   return acc, counts
@@ -250,10 +261,9 @@ def _high_band(acc, terms, counts, plan, previous=None):
 
   def computed():
     def one(terms, counts):
-      used = (counts > 0)[:, None]
-      weighted = lambda x: jnp.tensordot(counts.astype(x.dtype), x[:, k1:], axes=1)
-      return (_power_sums(weighted(terms["log_f"]), jnp.any(used & ~terms["keep"][:, k1:], 0)),
-              weighted(terms["rate"]))
+      return (_power_sums(_weighted(counts, terms["log_f"][:, k1:]),
+                          _flagged(counts, ~terms["keep"][:, k1:])),
+              _weighted(counts, terms["rate"][:, k1:]))
     spectrum, error = jax.vmap(one)(terms, counts)
     if previous is not None:
       spectrum = spectrum * previous["spectrum"][..., k1:]
