@@ -197,10 +197,9 @@ def _epsilon_scalar(mu, delta):
   return jnp.where(zero, 0.0, eps)
 
 
-def _mu_scalar(eps, delta):
-  """mu with delta_mu(eps) = delta (delta_mu increases with mu, from 0 to 1)."""
-  log_t = jnp.log(delta)
-  z_t = jnp.sqrt(-2.0 * log_t)
+def _mu_bracket(eps, delta):
+  """(lo, hi) around the mu with delta_mu(eps) = delta."""
+  z_t = jnp.sqrt(-2.0 * jnp.log(delta))
   # Lower bounds: delta <= Phi(a) <= e^{-a^2/2} forces a >= -z_t, i.e. mu^2/2 + z_t mu >= eps;
   # and delta_mu(eps) = int_0^mu phi(a(m)) dm <= mu phi(0).
   lo = jnp.maximum(2.0 * eps / (z_t + jnp.sqrt(z_t * z_t + 2.0 * eps)),
@@ -211,7 +210,13 @@ def _mu_scalar(eps, delta):
   # sqrt(w^2 + 2 eps).)
   w = jnp.sqrt(-2.0 * _log1p(-delta))
   hi = jnp.maximum(w + jnp.sqrt(w * w + 2.0 * eps), 1.6 * (1.0 + delta) / (1.0 - delta))
-  hi = jnp.maximum(hi, lo)
+  return lo, jnp.maximum(hi, lo)
+
+
+def _mu_scalar(eps, delta):
+  """mu with delta_mu(eps) = delta (delta_mu increases with mu, from 0 to 1)."""
+  z_t = jnp.sqrt(-2.0 * jnp.log(delta))
+  lo, hi = _mu_bracket(eps, delta)
 
   def residual(mu):  # decreasing in mu
     return _z(mu, eps) - z_t

@@ -129,13 +129,14 @@ def test_epsilon_below_the_grid_is_rounded_to_the_safe_side(gap):
   exact = float(left + np.log((total - np.longdouble(target)) / (total - d0)))
   with jax.enable_x64(True):
     sums = query._TailSums.of(jnp.asarray(pmf), jnp.asarray(h))
-    root = lambda side: float(query._epsilon_on_grid(jnp.asarray(pmf), sums, jnp.asarray(first),
+    grid_delta = lambda centre, eps: query._delta_on_grid(jnp.asarray(pmf), centre, h, eps)
+    root = lambda side: float(query._epsilon_on_grid(grid_delta, sums, jnp.asarray(first),
                                                    jnp.asarray(h), jnp.asarray(target), side))
     upper, estimate, lower = root(1.0), root(0.0), root(-1.0)
   assert lower <= exact <= upper
   with jax.enable_x64(True):  # a target above the total mass: no finite root, and no NaN
     for side in (1.0, 0.0, -1.0):
-      assert float(query._epsilon_on_grid(jnp.asarray(pmf), sums, jnp.asarray(first),
+      assert float(query._epsilon_on_grid(grid_delta, sums, jnp.asarray(first),
                                         jnp.asarray(h), jnp.asarray(1.5), side)) == -np.inf
   rounding = np.finfo(np.float64).eps * (1 + abs(exact) + 2 / (gap * float(total - d0)))
   assert upper - lower <= 20 * rounding

@@ -6,8 +6,10 @@ rounded *down* onto a noise grid and counted ([examples, grid] integers: the cou
 sufficient, a composition does not depend on the order of its steps). Afterwards every example's
 steps are one heterogeneous composition of the grid's few Poisson-subsampled Gaussians: each
 grid model is discretised and transformed once (``jaxacct.pld``), and an example's composed
-spectrum is the product of their powers (one matrix product for a chunk of examples), followed
-by one inverse transform and the certified query: no per-example discretisation.
+spectrum is the product of their powers, queried from its band (``spectrum.band_materialise``:
+each certified delta in O(band), no inverse transform; the band is chosen per example from a
+ladder so that the rest of its spectrum is negligible): no per-example discretisation. Examples
+go in chunks (memory ~ the chunk), each split across the local devices (``shard_map``).
 
 As for ``rdp_filter`` with q < 1: a step costs every example privacy whether or not it is
 sampled, so list examples chosen independently of the step's batch (their norms at the step's
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Callable, NamedTuple
 
 import jax
@@ -26,13 +29,15 @@ import numpy as np
 
 from jaxacct import gdp, rdp
 from jaxacct._inputs import check_delta
-from jaxacct._numerics import float64
+from jaxacct._numerics import F64_EPS, float64
+from jaxacct._solver import newton_in_bracket
 from jaxacct.api import _dpsgd_model
 from jaxacct.composition import Composition
 from jaxacct.individual import _directed, _grid
-from jaxacct.individual.filters import (_check_count, _check_rate, _checked_batch, _dtype,
+from jaxacct.individual.filters import (_RDP_TABLE_SLACK, DEFAULT_ORDERS, _check_count,
+                                        _check_rate, _checked_batch, _conversion, _dtype,
                                         _ledger_norms, _positive, _step_rdp, rdp_epsilon)
-from jaxacct.individual._directed import host_round
+from jaxacct.individual._directed import host_round, host_round_all
 from jaxacct.pld import accountant as _pld
 from jaxacct.pld import plan as _plan
 from jaxacct.pld import query, spectrum
@@ -98,11 +103,13 @@ class PerExample:
 
 class BucketCounter(NamedTuple):
   """``init()``; ``update(state, norms, indices, valid)`` -> state (in the step);
-  ``report(state, delta)`` -> ``PerExample`` (on the host, compiled per chunk)."""
+  ``report(state, delta)`` -> ``PerExample`` (on the host, compiled per chunk);
+  ``odometer(state, delta)`` -> each example's RDP epsilon so far (jit-able, to log)."""
 
   init: Callable
   update: Callable
   report: Callable
+  odometer: Callable
 
 
 def bucket_counter(noise_multiplier, clip_norm, sampling_rate, num_examples, *, sigma_grid=None,
@@ -138,7 +145,28 @@ def bucket_counter(noise_multiplier, clip_norm, sampling_rate, num_examples, *, 
     return per_example_privacy(np.asarray(state.counts), int(state.steps), grid, q, delta,
                                tail_delta=tail_delta, eps_error=eps_error, chunk=chunk)
 
-  return BucketCounter(init, update, report)
+  def odometer(state, delta):
+    """Each example's epsilon so far by RDP at ``DEFAULT_ORDERS`` (steps it was not listed at the
+    grid's first noise): min over orders of counts @ table + the conversion, rounded up (the
+    table's entries up, the products and sums raised by their round-off). O(N grid orders): a
+    matrix product, cheap enough to log every few steps."""
+    table, term = _odometer_table(tuple(grid.tolist()), q, float(delta), np.dtype(dtype))
+    counts = state.counts.astype(dtype)
+    if q < 1:
+      counts = counts.at[:, 0].add(state.steps.astype(dtype) - jnp.sum(counts, axis=1))
+    spent = (counts @ jnp.asarray(table)) * (1 + 4 * (grid.size + 2) * float(jnp.finfo(dtype).eps))
+    value = _directed.up(spent + jnp.asarray(term))
+    return jnp.where(state.steps == 0, 0.0, jnp.maximum(jnp.min(value, axis=1), 0.0))
+
+  return BucketCounter(init, update, report, odometer)
+
+
+@functools.lru_cache(maxsize=8)
+def _odometer_table(grid, q, delta, dtype):
+  """The odometer's step RDP on the grid at ``DEFAULT_ORDERS`` and conversion term, rounded up."""
+  orders = np.asarray(DEFAULT_ORDERS, np.float64)
+  table = _step_rdp(np.asarray(grid), q, orders) * (1.0 + _RDP_TABLE_SLACK)
+  return host_round_all(table, dtype, 1), host_round_all(_conversion(orders, delta), dtype, 1)
 
 
 def _models(sigma, q):
@@ -163,27 +191,81 @@ def _stacked_terms(grid, q, plan):
 
 
 def _example(terms, counts, plan, delta, eps_points):
-  """One example: its certified epsilon(delta) and its upper delta curve at ``eps_points``."""
-  fields = spectrum.fields_from_terms(terms, counts, plan)
-  pld = PrivacyLossDistribution(plan=plan, **fields)
-  at_zero = query.delta_from_pld(pld, 0.0).upper
-  return query.epsilon_from_pld(pld, delta), query.upper_delta_curve(pld, eps_points), at_zero
+  """One example: its certified epsilon(delta), its upper delta curve at ``eps_points`` and at
+  0, from its composed spectrum's band (queries in O(band), no inverse transform)."""
+  pld = PrivacyLossDistribution(plan=plan, **spectrum.band_fields_from_terms(terms, counts, plan))
+  curve = query.upper_delta_curve(pld, jnp.concatenate([jnp.zeros(1), eps_points]))
+  return query.epsilon_from_pld(pld, delta), curve[1:], curve[0]
+
+
+def _band_ladder(plan):
+  """Bands from the plan's (sized for the worst, widest example) doubling to the whole
+  spectrum: an example of smaller norms composes a narrower loss, whose spectrum is wider."""
+  bands, whole = [], plan.fft_size // 2 + 1
+  while plan.band * 2 ** len(bands) < whole:
+    bands.append(plan.band * 2 ** len(bands))
+  return tuple(bands) + (whole,)
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def _largest_above(terms, bands):
+  """log max_{k >= band} |F_k| of every entry and direction, at each band: [bands, 2, grid]
+  (raised by its round-off from log F: the dropped part's bound stays a bound)."""
+  log_abs = jnp.where(terms["keep"], jnp.real(terms["log_f"]), math.log(spectrum._TINY))
+  top = jnp.stack([jnp.max(log_abs[..., b:], axis=-1) if b < log_abs.shape[-1]
+                   else jnp.full(log_abs.shape[:-1], -jnp.inf) for b in bands])
+  return top + 4.0 * F64_EPS * (1.0 + jnp.abs(top))
+
+
+def _cut(terms, band, log_largest):
+  """The terms of one band: spectra cut to it, and the largest |F_k| above it."""
+  cut = {key: value[..., :band] for key, value in terms.items()
+         if key in ("log_f", "keep", "rate")}
+  return dict(terms, **cut, largest=jnp.exp(log_largest))
+
+
+def _band_choice(counts, log_largest, bands, plan):
+  """Each example's narrowest band of the ladder above which its composed spectrum is
+  negligible (``spectrum.high_band_negligible`` with a margin of e: the compiled bound decides
+  what is certified, this only picks a band that makes it tight)."""
+  high = np.einsum("ng,bdg->nbd", counts.astype(np.float64), np.asarray(log_largest))
+  n_high = np.maximum(plan.fft_size // 2 + 1 - np.asarray(bands), 1)
+  fine = np.all(high + 0.5 * np.log(2.0 * n_high)[None, :, None]
+                <= float(plan.log_window_tail) - 1.0, axis=2)
+  fine[:, -1] = True  # the whole spectrum: nothing dropped
+  return np.argmax(fine, axis=1)
 
 
 def _gdp_mu(curve, at_zero, eps_points, tail_delta):
   """The smallest mu (of this construction) with delta_mu(eps_k) >= upper(eps_{k-1}) on every
   interval [eps_{k-1}, eps_k] of the points (eps_{-1} = 0) where upper(eps_{k-1}) > tail_delta:
   then delta_mu >= upper on the interval (both are non-increasing), and beyond the last such
-  interval the PLD's delta is <= tail_delta."""
+  interval the PLD's delta is <= tail_delta.
+
+  One safeguarded Newton solve of max_k [z_mu(eps_k) - z(target_k)] = 0 (z = sqrt(-2 log
+  delta), decreasing in mu), not one inversion per point; the answer is checked on every
+  interval (and replaced by the bracket's certified end if the check fails)."""
   lefts = jnp.concatenate([at_zero[None], curve[:-1]])
   live = lefts > tail_delta
   huge = lefts >= 1.0 - 1e-9
-  mus = gdp._mu_impl(eps_points, jnp.where(live & ~huge, lefts, 0.5))
-  mus = jnp.where(huge, jnp.inf, mus)
-  return jnp.max(jnp.where(live, mus, 0.0)) * (1.0 + 1e-9)
+  targets = jnp.where(live & ~huge, lefts, 0.5)
+  z_targets = jnp.sqrt(-2.0 * jnp.log(targets))
+  los, his = gdp._mu_bracket(eps_points, targets)
+  lo = jnp.max(jnp.where(live, los, 0.0))
+  hi = jnp.max(jnp.where(live, his, 0.0))
+
+  def worst(mu):  # max over the live intervals of the residual; decreasing in mu
+    return jnp.max(jnp.where(live, gdp._z(mu, eps_points) - z_targets, -jnp.inf))
+
+  value_and_slope = lambda mu: jax.jvp(worst, (mu,), (jnp.ones_like(mu),))
+  mu, _, certified, _, _ = newton_in_bracket(value_and_slope, lo, hi, lo, iters=60,
+                                             tol=1e-12 * hi)
+  mu = mu * (1.0 + 1e-9)
+  mu = jnp.where(worst(mu) <= 0.0, mu, certified)
+  mu = jnp.where(jnp.any(live), mu, 0.0)
+  return jnp.where(jnp.any(huge & live), jnp.inf, mu)
 
 
-@jax.jit
 def _chunk(terms, rows, plan, delta, eps_points, tail_delta):
   """A chunk of examples (rows of counts), one at a time: bounds, upper curves, GDP mus."""
   def one(row):
@@ -192,11 +274,30 @@ def _chunk(terms, rows, plan, delta, eps_points, tail_delta):
   return jax.lax.map(one, rows)
 
 
+@functools.lru_cache(maxsize=8)
+def _sharded_chunk(devices):
+  """``_chunk`` compiled with its examples split across ``devices`` (shard_map over a 1-D mesh;
+  the terms and everything else replicated): each device maps over its share. Returns it with
+  the placements of its inputs (split, replicated)."""
+  mesh = jax.make_mesh((len(devices),), ("examples",), devices=devices)
+  spec, whole = jax.sharding.PartitionSpec("examples"), jax.sharding.PartitionSpec()
+  # (No collectives: each share is independent, so the varying-axes check is not needed; the
+  # accountant's loops start from constants, which that check would ask to be cast.)
+  run = jax.jit(jax.shard_map(_chunk, mesh=mesh, in_specs=(whole, spec) + (whole,) * 4,
+                              out_specs=spec, check_vma=False))
+  return run, jax.NamedSharding(mesh, spec), jax.NamedSharding(mesh, whole)
+
+
 @float64
 def per_example_privacy(counts, steps, sigma_grid, sampling_rate, delta, *, tail_delta=None,
-                        eps_error=0.01, chunk=256) -> PerExample:
+                        eps_error=0.01, chunk=256, devices=None) -> PerExample:
   """The per-example report from bucket counts ([N, grid] ints), the steps taken, the grid and
-  the sampling rate (q < 1: steps an example was not listed count at the grid's first noise)."""
+  the sampling rate (q < 1: steps an example was not listed count at the grid's first noise).
+
+  Examples are composed ``chunk`` at a time (memory ~ chunk, not N), each chunk split across
+  ``devices`` (default: all local devices; on CPU, several with
+  ``XLA_FLAGS=--xla_force_host_platform_device_count=K`` set before jax is imported)."""
+  devices = tuple(jax.local_devices() if devices is None else devices)
   counts = np.array(counts, np.int64)
   grid = np.asarray(sigma_grid, np.float64)
   q = float(sampling_rate)
@@ -213,15 +314,31 @@ def per_example_privacy(counts, steps, sigma_grid, sampling_rate, delta, *, tail
   h = float(plan.grid_step)
   eps_points = np.unique(np.ceil(np.linspace(0.0, top, _CURVE_POINTS + 1)[1:] / h) * h)
   terms = _stacked_terms(jnp.asarray(grid), q, plan)
-  outs = []
-  for first in range(0, counts.shape[0], chunk):
-    rows = counts[first:first + chunk]
-    pad = chunk - rows.shape[0]
-    padded = np.concatenate([rows, np.zeros((pad, rows.shape[1]), np.int64)]) if pad else rows
-    out = jax.device_get(_chunk(terms, jnp.asarray(padded, jnp.float64), plan, delta,
-                                jnp.asarray(eps_points), tail_delta))
-    outs.append(jax.tree_util.tree_map(lambda a: a[:rows.shape[0]], out))
-  bounds, curves, mus = jax.tree_util.tree_map(lambda *a: np.concatenate(a), *outs)
+  bands = _band_ladder(plan)
+  log_largest = _largest_above(terms, bands)
+  choice = _band_choice(counts, log_largest, bands, plan)
+  run, split, replicated = _sharded_chunk(devices)
+  outs, order = [], []
+  for b, band in enumerate(bands):
+    members = np.flatnonzero(choice == b)
+    if not members.size:
+      continue
+    band_plan, band_terms, fixed = jax.device_put(
+        (dataclasses.replace(plan, band=band), _cut(terms, band, log_largest[b]),
+         (jnp.asarray(delta), jnp.asarray(eps_points), jnp.asarray(tail_delta))), replicated)
+    for first in range(0, members.size, chunk):
+      rows = counts[members[first:first + chunk]]
+      size = min(chunk, 1 << max(rows.shape[0] - 1, 15).bit_length())  # few compiled shapes
+      size = -(-size // len(devices)) * len(devices)
+      padded = np.zeros((size, rows.shape[1]), np.int64)
+      padded[:rows.shape[0]] = rows
+      block = jax.device_put(padded.astype(np.float64), split)
+      out = jax.device_get(run(band_terms, block, band_plan, *fixed))
+      outs.append(jax.tree_util.tree_map(lambda a: a[:rows.shape[0]], out))
+    order.append(members)
+  del terms
+  inverse = np.argsort(np.concatenate(order))
+  bounds, curves, mus = jax.tree_util.tree_map(lambda *a: np.concatenate(a)[inverse], *outs)
   covered = curves[:, -1] <= tail_delta  # the fit's range reached the tail
   mus = np.where(covered, mus, np.inf)
   gdp_eps = np.asarray(gdp.epsilon_of_mu(np.maximum(mus, 1e-300), delta - tail_delta))

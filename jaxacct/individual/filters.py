@@ -149,9 +149,11 @@ def _step_count(state, new_step):
 
 
 def _empty_state(num_examples, orders_shape, dtype, unit):
-  zeros = jnp.zeros((num_examples,) + orders_shape, dtype)
-  flags = jnp.zeros(num_examples, bool)
-  return FilterState(zeros, zeros, flags, flags, jnp.zeros((), jnp.int32), jnp.asarray(unit))
+  """A fresh state; every leaf its own buffer (a training step may donate the state)."""
+  zeros = lambda: jnp.zeros((num_examples,) + orders_shape, dtype)
+  flags = lambda: jnp.zeros(num_examples, bool)
+  return FilterState(zeros(), zeros(), flags(), flags(), jnp.zeros((), jnp.int32),
+                     jnp.asarray(unit))
 
 
 # ----------------------------------------------------------------------------------------------

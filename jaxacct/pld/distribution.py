@@ -23,7 +23,7 @@ class PrivacyLossDistribution:
   ``append`` further steps as training goes on. All fields are arrays (a pytree).
   """
 
-  pmf: jax.Array           # [D, N] composed masses at (start + i) h
+  pmf: jax.Array | None    # [D, N] composed masses at (start + i) h (None: kept as ``band``)
   start: jax.Array         # [D] int64 grid index of pmf[:, 0]
   window_above: jax.Array  # [D] bound on the composed mass above the window
   window_below: jax.Array  # [D] bound on the composed mass below the window
@@ -46,6 +46,9 @@ class PrivacyLossDistribution:
   bias: jax.Array          # [D] total upward bias of the split (the estimate removes it)
   total_count: jax.Array   # [D] number of composed steps
   plan: Plan
+  # [D, band] complex: the pmf as p_j = Re sum_k band_k e^{2 pi i j k/N} when the spectrum above
+  # the band is negligible (spectrum.band_fields_from_terms): queries in O(band) per evaluation.
+  band: jax.Array | None = None
 
   @float64
   def epsilon(self, delta) -> Bounds:
@@ -65,6 +68,8 @@ class PrivacyLossDistribution:
   def append(self, composition) -> "PrivacyLossDistribution":
     """The PLD after further steps, on the same plan (no recomposition of earlier steps)."""
     composition = checked(composition, integer_counts=True)
+    if self.pmf is None:
+      raise ValueError("a PLD kept as its band cannot be appended to; compose it in full")
     return _append_jit(self, composition)
 
 def compose(composition, plan: Plan) -> PrivacyLossDistribution:

@@ -12,6 +12,8 @@ except with probability eta; delta at the shifted epsilon minus eta is a lower b
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -154,7 +156,109 @@ class _TailSums:
     return j * block + above, j * block + r, (d_i, d_next), mass_right, weighted_right, p_i
 
 
-def _epsilon_on_grid(pmf, sums: _TailSums, first_centre, h, target, side):
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class _SpectralSums:
+  """``_TailSums`` of a pmf kept as its band, p_j = Re sum_k band_k z_k^j (z_k = e^{2 pi i k/N},
+  ``spectrum.band_materialise``), each sum in O(band) by closed-form geometric sums:
+  mass(b) = sum_{j >= b} p_j = Re [band_0 (N - b) + sum_{k >= 1} band_k (z^b - 1) / (1 - z)],
+  weighted(b) = kappa sum_{j >= b} p_j e^{-(j - b) h}
+              = kappa Re sum_k band_k (z^b - e^{-(N - b) h}) / (1 - z e^{-h}),
+  d(b) = mass(b) - weighted(b), and p_{b-1} = Re sum_k band_k z^b / z. The three are one product
+  of z^b with fixed coefficients (a matrix product over many boundaries). Each term is at most
+  |band_k| U_k (``spectrum.window_sum_bound``); the PLD's fft_error holds the sums' round-off."""
+
+  coef: jax.Array      # [K, 3] complex: band/(1 - z) (0 for k = 0), kappa band/(1 - z e^-h), band/z
+  fixed: jax.Array     # [2]: Re sum band/(1 - z) and Re sum kappa band/(1 - z e^-h)
+  total_rate: jax.Array  # Re band_0: mass per whole-window cell of the k = 0 term
+  h: jax.Array
+  n: int = dataclasses.field(metadata=dict(static=True))
+
+  @staticmethod
+  def of(band, h, n):
+    k = jnp.arange(band.shape[0])
+    theta = (2.0 * np.pi / n) * k
+    half = jnp.sin(0.5 * theta)
+    one_minus_z = 2.0 * half * half - 1j * jnp.sin(theta)
+    geometric = jnp.where(k == 0, 0.0, 1.0 / jnp.where(k == 0, 1.0, one_minus_z))
+    kappa = 1.0 + 0.5 * jnp.expm1(-h)
+    damped = kappa / (-jnp.expm1(-h) + jnp.exp(-h) * one_minus_z)
+    coef = jnp.stack([band * geometric, band * damped, band * jnp.exp(-1j * theta)], axis=1)
+    fixed = jnp.real(jnp.sum(coef[:, :2], axis=0))
+    return _SpectralSums(coef, fixed, jnp.real(band[0]), h, n)
+
+  def _at(self, b):
+    """(mass(b), weighted(b), p_{b-1}) at the boundary b (0 <= b <= N)."""
+    k = jnp.arange(self.coef.shape[0])
+    m = jnp.mod(jnp.mod(b, self.n) * k, self.n)  # z^b = e^{2 pi i m / N}, m reduced exactly
+    coarse, fine = _root_tables(self.n)
+    zb = jnp.asarray(coarse)[m // fine.shape[0]] * jnp.asarray(fine)[m % fine.shape[0]]
+    sums = jnp.real(zb @ self.coef)
+    tail = jnp.exp(-(self.n - b).astype(jnp.float64) * self.h)
+    mass = self.total_rate * (self.n - b) + sums[0] - self.fixed[0]
+    return mass, sums[1] - tail * self.fixed[1], sums[2]
+
+  def delta(self, first_centre, eps):
+    """``_delta_on_grid`` of the pmf: the cells from J up lie wholly above eps, cell J - 1 holds
+    it (its share ``_partial_share``), those below add nothing."""
+    left0 = first_centre - 0.5 * self.h
+    j = jnp.clip(jnp.ceil((eps - left0) / self.h), 0, self.n).astype(jnp.int64)
+    mass, weighted, before = self._at(j)
+    left_j = left0 + j.astype(jnp.float64) * self.h
+    partial, _ = _partial_share(jnp.clip(eps - (left_j - self.h), 0.0, self.h), self.h)
+    return (mass - jnp.exp(jnp.minimum(eps - left_j, 0.0)) * weighted
+            + jnp.where(j >= 1, partial * before, 0.0))
+
+  def delta_at_start(self):
+    mass, weighted, _ = self._at(jnp.zeros((), jnp.int64))
+    return mass, mass - weighted
+
+  def crossing(self, target):
+    """``_TailSums.crossing``: the first boundary k with d(k) <= target by bisection over the
+    boundaries (d(N) = 0), and the cell i = max(k - 1, 0)."""
+    d = lambda b: (lambda m, w, _: m - w)(*self._at(b))
+    def halve(_, ends):
+      lo, hi = ends
+      mid = (lo + hi) // 2
+      above = d(mid) > target
+      return jnp.where(above, mid, lo), jnp.where(above, hi, mid)
+    steps = int(np.ceil(np.log2(self.n + 1))) + 1
+    zero = jnp.zeros((), jnp.int64)
+    _, hi = jax.lax.fori_loop(0, steps, halve, (zero, zero + self.n))
+    k = jnp.where(d(zero) > target, hi, 0)
+    i = jnp.maximum(k - 1, 0)
+    mass_i, weighted_i, _ = self._at(i)
+    mass_right, weighted_right, p_i = self._at(i + 1)
+    return k, i, (mass_i - weighted_i, mass_right - weighted_right), mass_right, \
+        weighted_right, p_i
+
+
+@functools.lru_cache(maxsize=16)
+def _root_tables(n):
+  """e^{2 pi i R j / n} and e^{2 pi i l / n} (R = ceil(sqrt n)), numpy constants: a power of an
+  n-th root of unity is one product of two entries, without a transcendental per term."""
+  r = math.isqrt(n - 1) + 1
+  fine = np.exp(2j * np.pi * np.arange(r) / n)
+  coarse = np.exp(2j * np.pi * (r * np.arange(-(-n // r))) / n)
+  return coarse, fine
+
+
+def _grid_delta(view, h, n):
+  """(first_centre, eps) -> the grid pmf's delta (``_delta_on_grid``), from the pmf or its band
+  (n: the window's length)."""
+  if view["pmf"] is None:
+    return _SpectralSums.of(view["band"], h, n).delta
+  return lambda centre, eps: _delta_on_grid(view["pmf"], centre, h, eps)
+
+
+def _tail_sums(view, h, n):
+  """The crossing lookups of ``_epsilon_on_grid``, from the pmf or its band."""
+  if view["pmf"] is None:
+    return _SpectralSums.of(view["band"], h, n)
+  return _TailSums.of(view["pmf"], h)
+
+
+def _epsilon_on_grid(grid_delta, sums, first_centre, h, target, side):
   """Root of delta_grid(eps) = target; ``side`` +1 (-1) returns a point where delta <= target
   (>= target), the safe end for an upper (lower) bound. Implicit gradients via ``implicit_root``."""
   left0 = first_centre - 0.5 * h
@@ -191,7 +295,7 @@ def _epsilon_on_grid(pmf, sums: _TailSums, first_centre, h, target, side):
     return jnp.where(k == 0, below, x)
 
   def residual(x):
-    return _delta_on_grid(pmf, first_centre, h, x) - target
+    return grid_delta(first_centre, x) - target
 
   eps = implicit_root(residual, solve, jnp.zeros(()))
   return jnp.where(valid, eps, jnp.inf)
@@ -218,7 +322,6 @@ def _lower_shift(view, plan, eta, h):
 
 def _epsilon_direction(view, plan, delta):
   h = jax.lax.stop_gradient(plan.grid_step)
-  pmf = view["pmf"]
   p_inf = -jnp.expm1(view["log_finite"])
   eta = plan.delta_error * delta
   scale = view["mass_error"]
@@ -227,8 +330,10 @@ def _epsilon_direction(view, plan, delta):
                   + view["tail"]) / (1.0 - scale)
   targets = jnp.stack([lower_target, delta - p_inf, upper_target])
   centres = view["start"].astype(jnp.float64) * h + _shifts(h) - _ESTIMATE * view["bias"]
-  sums = _TailSums.of(pmf, h)
-  solve = lambda centre, target, side: _epsilon_on_grid(pmf, sums, centre, h, target, side)
+  n = plan.fft_size
+  sums, grid_delta = _tail_sums(view, h, n), _grid_delta(view, h, n)
+  solve = lambda centre, target, side: _epsilon_on_grid(grid_delta, sums, centre, h, target,
+                                                        side)
   lower, estimate, upper = jax.vmap(solve)(centres, targets, jnp.array([-1.0, 0.0, 1.0]))
   lower = lower - _lower_shift(view, plan, eta, h)
   floor = jnp.where(upper_target > 0.0, results.OK, results.BELOW_FLOOR).astype(jnp.int32)
@@ -239,16 +344,16 @@ def _epsilon_direction(view, plan, delta):
 
 def _delta_direction(view, plan, eps):
   h = jax.lax.stop_gradient(plan.grid_step)
-  pmf = view["pmf"]
+  grid_delta = _grid_delta(view, h, plan.fft_size)
   p_inf = -jnp.expm1(view["log_finite"])
   centre0 = view["start"].astype(jnp.float64) * h
   shift = _shifts(h)
-  estimate = p_inf + _delta_on_grid(pmf, centre0 + shift[1] - view["bias"], h, eps)
+  estimate = p_inf + grid_delta(centre0 + shift[1] - view["bias"], eps)
   scale = view["mass_error"]
-  upper = _upper_delta(view, _delta_on_grid(pmf, centre0 + shift[2], h, eps))
+  upper = _upper_delta(view, grid_delta(centre0 + shift[2], eps))
   eta = plan.delta_error * jnp.maximum(estimate, 1e-300)
   shifted = eps + _lower_shift(view, plan, eta, h)
-  lower = (p_inf + _delta_on_grid(pmf, centre0 + shift[0], h, shifted) * (1.0 - scale) - 2.0 * eta
+  lower = (p_inf + grid_delta(centre0 + shift[0], shifted) * (1.0 - scale) - 2.0 * eta
            - view["window_below"] - view["fft_error"] - view["tail"])
   clipped = Bounds(*(jnp.clip(d, 0.0, 1.0) for d in (lower, estimate, upper)), view["status"])
   return results.zero_if(view["total_count"] == 0, clipped)
@@ -268,6 +373,11 @@ def _upper_curve_direction(view, plan, eps_points):
   so that value bounds it from above), where the cells from b up lie wholly above it (share
   1 - kappa e^{boundary - left}) and those below add nothing; below the window, at eps itself."""
   h = jax.lax.stop_gradient(plan.grid_step)
+  if view["pmf"] is None:  # from the band each point costs O(band): read at the point itself
+    grid_delta = _grid_delta(view, h, plan.fft_size)
+    centre = view["start"].astype(jnp.float64) * h + _shifts(h)[2]
+    grid = jax.vmap(lambda e: grid_delta(centre, e))(eps_points)
+    return _upper_delta(view, jnp.maximum(grid, 0.0))
   pmf = view["pmf"]
   n = pmf.shape[0]
   left0 = view["start"].astype(jnp.float64) * h + _shifts(h)[2] - 0.5 * h
@@ -284,15 +394,16 @@ def _upper_curve_direction(view, plan, eps_points):
 def upper_delta_curve(pld, eps_points):
   """The certified upper delta(eps) of a composed PLD (worse direction) at many points
   ``eps_points`` [K] in one O(N + K) pass (``delta_from_pld`` costs O(N) per point); each value
-  is the upper at the grid boundary at or below its point, a bound from above."""
+  is the upper at the grid boundary at or below its point, a bound from above (for a PLD kept
+  as its band: at the point itself, O(band) each)."""
   view = {key: getattr(pld, key) for key in _VIEW}
   per_direction = jax.vmap(_upper_curve_direction, (0, None, None))(view, pld.plan,
                                                                    jnp.asarray(eps_points))
   return jnp.max(per_direction, axis=0)
 
 
-_VIEW = ("pmf", "start", "window_above", "window_below", "fft_error", "mass_error", "status",
-         "log_finite", "tail", "moved", "bias", "total_count")
+_VIEW = ("pmf", "band", "start", "window_above", "window_below", "fft_error", "mass_error",
+         "status", "log_finite", "tail", "moved", "bias", "total_count")
 
 
 def _worst_direction(pld, fn, arg):
@@ -300,7 +411,7 @@ def _worst_direction(pld, fn, arg):
   view = {key: getattr(pld, key) for key in _VIEW}
   per_direction = jax.vmap(fn, in_axes=(0, None, None))(view, pld.plan, arg)
   out = jax.tree_util.tree_map(lambda x: x[0], per_direction)
-  for i in range(1, pld.pmf.shape[0]):
+  for i in range(1, pld.start.shape[0]):
     out = results.worst_of(out, jax.tree_util.tree_map(lambda x: x[i], per_direction))
   return out
 

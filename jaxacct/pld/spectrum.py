@@ -277,14 +277,14 @@ def _high_band(acc, terms, counts, plan, previous=None):
   return acc
 
 
-def materialise(acc, plan):
-  """Composed pmf on its window and the certificates for what the window leaves out."""
+def _window(acc, plan):
+  """Where the composed pmf is read (grid index of its first point), bounds on the mass the
+  window leaves above and below it (Chernoff on the composed CGF), and its status."""
   n = plan.fft_size
   h = jax.lax.stop_gradient(plan.grid_step)
   tilts = jnp.asarray(TILTS)
   cgf_pos, cgf_neg = acc["cgf"][0], acc["cgf"][1]
-  level = plan.log_window_tail
-  bottom_needed, top_needed = window_edges(acc["cgf"], level)
+  bottom_needed, top_needed = window_edges(acc["cgf"], plan.log_window_tail)
   needed = jnp.ceil((top_needed - bottom_needed) / h).astype(jnp.int64) + 1
   fits = needed <= n
   start = jnp.where(fits, jnp.floor(bottom_needed / h).astype(jnp.int64) - (n - needed) // 2,
@@ -293,27 +293,85 @@ def materialise(acc, plan):
   bottom = (start - 1).astype(jnp.float64) * h
   above = jnp.exp(jnp.minimum(0.0, jnp.min(cgf_pos - tilts * top)))
   below = jnp.exp(jnp.minimum(0.0, jnp.min(cgf_neg + tilts * bottom)))
-  k0 = plan.low_frequencies
+  status = jnp.where(fits, results.OK, results.WINDOW_TOO_SMALL).astype(jnp.int32)
+  return dict(start=start, window_above=above, window_below=below, status=status)
+
+
+def _composed_spectrum(acc, plan):
+  """The composed spectrum with its low band from the direct sums (where they hold), and each
+  coefficient's relative round-off bound."""
+  k0, n = plan.low_frequencies, plan.fft_size
   low = jnp.exp(acc["low_log"]) * _rotation(acc["phase"], jnp.arange(k0), n)
   ok = acc["low_ok"]
   spectrum = acc["spectrum"].at[:k0].set(jnp.where(ok, low, acc["spectrum"][:k0]))
   relative_error = acc["spectrum_error"].at[:k0].set(
       jnp.where(ok, acc["low_error"], acc["spectrum_error"][:k0]))
+  return spectrum, relative_error
+
+
+def _dropped_error(acc, plan):
+  """The L1 bound of the pmf's part carried by a spectrum dropped above the band (0 if kept)."""
+  n_high = max(plan.fft_size // 2 + 1 - plan.band, 1)
+  return jnp.where(high_band_negligible(acc["high_log"], plan),
+                   jnp.exp(acc["high_log"] + 0.5 * math.log(2.0 * n_high)), 0.0)
+
+
+def materialise(acc, plan):
+  """Composed pmf on its window and the certificates for what the window leaves out."""
+  n = plan.fft_size
+  window = _window(acc, plan)
+  spectrum, relative_error = _composed_spectrum(acc, plan)
   circular = jnp.fft.irfft(spectrum, n=n)
-  pmf = jnp.roll(circular, -jnp.mod(start - acc["base"], n))
+  pmf = jnp.roll(circular, -jnp.mod(window["start"] - acc["base"], n))
   # Round-off: sum_j |err_j| <= sqrt(n) ||err||_2 = ||spectrum error||_2 (Parseval, both halves),
   # plus the inverse transform's own error c eps log2(n) sqrt(n) ||f||_2.
   coefficient_error = jnp.abs(spectrum) * relative_error
-  # A spectrum dropped above the band (see _high_band) adds at most its own L2 bound.
-  n_high = max(n // 2 + 1 - plan.band, 1)
-  dropped = jnp.where(high_band_negligible(acc["high_log"], plan),
-                      jnp.exp(acc["high_log"] + 0.5 * math.log(2.0 * n_high)), 0.0)
-  fft_error = (math.sqrt(2.0) * jnp.sqrt(jnp.sum(coefficient_error ** 2)) + dropped
+  fft_error = (math.sqrt(2.0) * jnp.sqrt(jnp.sum(coefficient_error ** 2))
+               + _dropped_error(acc, plan)
                + _FFT_ULPS * F64_EPS * (math.log2(n) + 8.0) * math.sqrt(n)
                * jnp.sqrt(jnp.sum(pmf * pmf)))
-  status = jnp.where(fits, results.OK, results.WINDOW_TOO_SMALL).astype(jnp.int32)
-  return dict(pmf=pmf, start=start, window_above=above, window_below=below,
-              fft_error=jax.lax.stop_gradient(fft_error), status=status)
+  return dict(pmf=pmf, fft_error=jax.lax.stop_gradient(fft_error), **window)
+
+
+def band_materialise(acc, plan):
+  """``materialise`` without the inverse transform: the window's pmf as p_j = Re sum_{k < band}
+  band_k e^{2 pi i j k / n}, the spectrum above the band dropped (its bound always counted: a
+  band too narrow gives loose bounds, never wrong ones), so that a query evaluates delta in
+  O(band) (``query._SpectralSums``) instead of O(n).
+
+  ``fft_error`` bounds the spectrum's round-off and the dropped part as ``materialise`` does,
+  and instead of the inverse transform's error, that of the queries' sums: each sum over the
+  window of p_j g_j with 0 <= g_j <= 1 is sum_k band_k G_k with |G_k| <= U_k
+  (``window_sum_bound``), evaluated to (band + 32) eps sum_k |band_k| U_k."""
+  n, k1 = plan.fft_size, plan.band
+  h = jax.lax.stop_gradient(plan.grid_step)
+  window = _window(acc, plan)
+  spectrum, relative_error = _composed_spectrum(acc, plan)
+  spectrum, relative_error = spectrum[:k1], relative_error[:k1]
+  k = jnp.arange(k1)
+  shift = jnp.mod(window["start"] - acc["base"], n)  # p_j = circular_{j + shift}
+  weight = jnp.where((k == 0) | (2 * k == n), 1.0, 2.0) / n  # (0 and Nyquist: their own pair)
+  band = weight * spectrum * jnp.conj(_rotation(shift, k, n))
+  coefficient_error = jnp.abs(spectrum) * relative_error
+  sum_bound = jnp.sum(jnp.abs(band) * window_sum_bound(k, n, h))
+  n_high = n // 2 + 1 - k1
+  dropped = jnp.exp(acc["high_log"] + 0.5 * math.log(2.0 * n_high)) if n_high else 0.0
+  fft_error = (math.sqrt(2.0) * jnp.sqrt(jnp.sum(coefficient_error ** 2)) + dropped
+               + (k1 + 32) * F64_EPS * sum_bound)
+  return dict(pmf=None, band=band, fft_error=jax.lax.stop_gradient(fft_error), **window)
+
+
+def window_sum_bound(k, n, h):
+  """U_k >= |G_k|, G_k = sum_j g_j e^{2 pi i j k / n} for the queries' cell shares g: a count
+  of whole cells, a weighted geometric sum and one partial cell (2/|1 - z| and 2/|1 - z e^-h|
+  bound the geometric sums for k >= 1, n and 2/(1 - e^-h) for k = 0)."""
+  theta = (2.0 * math.pi / n) * k
+  half = jnp.sin(0.5 * theta)
+  one_minus_z = jnp.hypot(2.0 * half * half, jnp.sin(theta))
+  damped = jnp.hypot(-jnp.expm1(-h) + jnp.exp(-h) * 2.0 * half * half,
+                     jnp.exp(-h) * jnp.sin(theta))
+  whole = jnp.where(k == 0, float(n), 2.0 / jnp.where(k == 0, 1.0, one_minus_z))
+  return whole + 2.0 / damped + 1.0
 
 
 def directions(composition):
@@ -339,6 +397,16 @@ def fields_from_terms(terms, counts, plan, previous=None):
     acc["spectrum_error"] = acc["spectrum_error"] + previous["spectrum_error"][:, :k1]
   acc = _high_band(acc, terms, rounded, plan, previous)
   return dict(**acc, **jax.vmap(materialise, (0, None))(acc, plan))
+
+
+def band_fields_from_terms(terms, counts, plan):
+  """``fields_from_terms`` with the pmf kept as its band (``band_materialise``: queries in
+  O(band), no inverse transform). Exact when ``high_band_negligible`` (else certified but
+  loose: choose the band so). ``terms`` may be cut to the band (with their ``largest`` above
+  it). Band fields cannot be appended to (their spectrum stops at the band)."""
+  counts = jnp.asarray(counts, jnp.float64)
+  acc, _ = jax.vmap(_accumulate, in_axes=(0, None, None))(terms, counts, plan)
+  return dict(**acc, **jax.vmap(band_materialise, (0, None))(acc, plan))
 
 
 def compose_fields(composition, plan):
