@@ -260,8 +260,11 @@ def _gdp_mu(curve, at_zero, eps_points, tail_delta):
   value_and_slope = lambda mu: jax.jvp(worst, (mu,), (jnp.ones_like(mu),))
   mu, _, certified, _, _ = newton_in_bracket(value_and_slope, lo, hi, lo, iters=60,
                                              tol=1e-12 * hi)
+  # Raised by 1e-9 and checked with a margin far above z's round-off (~1e-15 relative); the
+  # bracket's end (checked during the solve, or hi by construction) likewise raised.
   mu = mu * (1.0 + 1e-9)
-  mu = jnp.where(worst(mu) <= 0.0, mu, certified)
+  margin = 1e-12 * (1.0 + jnp.max(jnp.where(live, z_targets, 0.0)))
+  mu = jnp.where(worst(mu) <= -margin, mu, certified * (1.0 + 1e-9))
   mu = jnp.where(jnp.any(live), mu, 0.0)
   return jnp.where(jnp.any(huge & live), jnp.inf, mu)
 
