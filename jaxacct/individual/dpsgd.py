@@ -34,10 +34,10 @@ from jaxacct._solver import newton_in_bracket
 from jaxacct.api import _dpsgd_model
 from jaxacct.composition import Composition
 from jaxacct.individual import _directed, _grid
-from jaxacct.individual.filters import (_RDP_TABLE_SLACK, DEFAULT_ORDERS, _check_count,
-                                        _check_rate, _checked_batch, _conversion, _dtype,
-                                        _ledger_norms, _positive, _step_rdp, rdp_epsilon)
-from jaxacct.individual._directed import host_round, host_round_all
+from jaxacct.individual.filters import (DEFAULT_ORDERS, _check_count, _check_rate,
+                                        _checked_batch, _dtype, _ledger_norms, _positive,
+                                        _rdp_odometer, _rounded_step_rdp, _step_rdp, rdp_epsilon)
+from jaxacct.individual._directed import host_round
 from jaxacct.pld import accountant as _pld
 from jaxacct.pld import plan as _plan
 from jaxacct.pld import query, spectrum
@@ -150,23 +150,21 @@ def bucket_counter(noise_multiplier, clip_norm, sampling_rate, num_examples, *, 
     grid's first noise): min over orders of counts @ table + the conversion, rounded up (the
     table's entries up, the products and sums raised by their round-off). O(N grid orders): a
     matrix product, cheap enough to log every few steps."""
-    table, term = _odometer_table(tuple(grid.tolist()), q, float(delta), np.dtype(dtype))
+    orders = np.asarray(DEFAULT_ORDERS, np.float64)
+    table = _odometer_table(tuple(grid.tolist()), q, np.dtype(dtype))
     counts = state.counts.astype(dtype)
     if q < 1:
       counts = counts.at[:, 0].add(state.steps.astype(dtype) - jnp.sum(counts, axis=1))
     spent = (counts @ jnp.asarray(table)) * (1 + 4 * (grid.size + 2) * float(jnp.finfo(dtype).eps))
-    value = _directed.up(spent + jnp.asarray(term))
-    return jnp.where(state.steps == 0, 0.0, jnp.maximum(jnp.min(value, axis=1), 0.0))
+    return jnp.where(state.steps == 0, 0.0, _rdp_odometer(spent, orders, float(delta)))
 
   return BucketCounter(init, update, report, odometer)
 
 
 @functools.lru_cache(maxsize=8)
-def _odometer_table(grid, q, delta, dtype):
-  """The odometer's step RDP on the grid at ``DEFAULT_ORDERS`` and conversion term, rounded up."""
-  orders = np.asarray(DEFAULT_ORDERS, np.float64)
-  table = _step_rdp(np.asarray(grid), q, orders) * (1.0 + _RDP_TABLE_SLACK)
-  return host_round_all(table, dtype, 1), host_round_all(_conversion(orders, delta), dtype, 1)
+def _odometer_table(grid, q, dtype):
+  """The odometer's step RDP on the grid at ``DEFAULT_ORDERS``, rounded up (built once)."""
+  return _rounded_step_rdp(np.asarray(grid), q, np.asarray(DEFAULT_ORDERS, np.float64), dtype)
 
 
 def _models(sigma, q):
@@ -226,12 +224,12 @@ def _cut(terms, band, log_largest):
 
 def _band_choice(counts, log_largest, bands, plan):
   """Each example's narrowest band of the ladder above which its composed spectrum is
-  negligible (``spectrum.high_band_negligible`` with a margin of e: the compiled bound decides
+  negligible (``spectrum.high_band_negligible``, with a margin of e: the compiled bound decides
   what is certified, this only picks a band that makes it tight)."""
-  high = np.einsum("ng,bdg->nbd", counts.astype(np.float64), np.asarray(log_largest))
-  n_high = np.maximum(plan.fft_size // 2 + 1 - np.asarray(bands), 1)
-  fine = np.all(high + 0.5 * np.log(2.0 * n_high)[None, :, None]
-                <= float(plan.log_window_tail) - 1.0, axis=2)
+  high = np.einsum("ng,bdg->bnd", counts.astype(np.float64), np.asarray(log_largest))
+  fine = np.stack([np.all(np.asarray(spectrum.high_band_negligible(
+      high[b] + 1.0, dataclasses.replace(plan, band=band))), axis=1)
+                   for b, band in enumerate(bands)], axis=1)
   fine[:, -1] = True  # the whole spectrum: nothing dropped
   return np.argmax(fine, axis=1)
 

@@ -307,6 +307,22 @@ def _step_rdp(noise_multipliers, sampling_rate, orders):
 _RDP_TABLE_SLACK = 1e-6
 
 
+def _rounded_step_rdp(noise_multipliers, sampling_rate, orders, dtype):
+  """``_step_rdp`` raised by its quadrature slack and rounded up to ``dtype``: a ledger's charge
+  of one step at each noise multiplier ([grid, orders])."""
+  table = _step_rdp(noise_multipliers, sampling_rate, orders) * (1.0 + _RDP_TABLE_SLACK)
+  return host_round_all(table, dtype, 1)
+
+
+def _rdp_odometer(recorded, orders, delta):
+  """Each example's epsilon from an upper bound on its RDP ([..., orders]): min over the orders
+  of it plus the conversion's term, rounded up, and >= 0."""
+  term = host_round_all(_conversion(orders, delta), np.dtype(recorded.dtype), 1)
+  value = recorded + term
+  value = _directed.up(value + 4.0 * jnp.finfo(value.dtype).eps * jnp.abs(value))
+  return jnp.maximum(jnp.min(value, axis=-1), 0.0)
+
+
 def rdp_budget(noise_multiplier, sampling_rate, steps, orders=DEFAULT_ORDERS):
   """The RDP at ``orders`` of ``steps`` worst-case DP-SGD steps: the budget under which every
   example of an ``rdp_filter`` gets the worst-case run's (epsilon, delta), and examples with
@@ -374,11 +390,9 @@ def rdp_filter(budget, clip_norm, noise_multiplier, num_examples, may_return=Tru
   if subsampled:
     grid = _grid.checked_grid(_grid.noise_grid(sigma) if sigma_grid is None else sigma_grid,
                               sigma)
-    table = _step_rdp(grid, float(sampling_rate), orders) * (1.0 + _RDP_TABLE_SLACK)
-    table = host_round_all(table, dtype, 1)
+    table = _rounded_step_rdp(grid, float(sampling_rate), orders, dtype)
     thresholds = _grid.ratio_thresholds(grid, sigma, dtype)
-    worst = _step_rdp([sigma], float(sampling_rate), orders)[0] * (1.0 + _RDP_TABLE_SLACK)
-    worst = host_round_all(worst, dtype, 1)
+    worst = _rounded_step_rdp([sigma], float(sampling_rate), orders, dtype)[0]
   else:
     per_clipped_step = host_round_all([Fraction(float(a)) / (2 * Fraction(sigma) ** 2)
                                        for a in orders], dtype, 1)
@@ -432,12 +446,9 @@ def rdp_filter(budget, clip_norm, noise_multiplier, num_examples, may_return=Tru
 
   def odometer(state, delta):
     """min over orders of the recorded RDP plus the conversion's term, rounded up."""
-    term = host_round_all(_conversion(orders, delta), np.dtype(state.spent.dtype), 1)
     recorded = _directed.total(state.spent, state.spent_low)
-    value = recorded + term
-    value = _directed.up(value + 4.0 * jnp.finfo(value.dtype).eps * jnp.abs(value))
     nothing = jnp.all(recorded == 0, axis=-1)  # (no step taken: epsilon 0, not the conversion's)
-    return jnp.where(nothing, 0.0, jnp.maximum(jnp.min(value, axis=-1), 0.0))
+    return jnp.where(nothing, 0.0, _rdp_odometer(recorded, orders, delta))
 
   def guarantee(delta):
     return float(rdp_epsilon(budget_values * (1.0 + rtol) * (1 + 4e-16), orders, delta))
