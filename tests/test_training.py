@@ -1,0 +1,422 @@
+"""DP training: the step's noisy gradient against a plain per-example loop, padded and refused
+examples, the samplers' distributions, the reported epsilon against independent references,
+checkpoints (exact resume, mismatched restore, a crash mid-save) and bad input."""
+
+import functools
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from scipy import stats
+
+import jaxacct
+from jaxacct import training
+from jaxacct.training import gradients
+from conftest import gaussian_epsilon
+
+N, D, H = 96, 5, 8
+
+
+def _data(n=N, seed=0):
+  rng = np.random.default_rng(seed)
+  x = rng.normal(size=(n, D)).astype(np.float32) * rng.uniform(0.2, 3.0, size=(n, 1))
+  return {"x": jnp.asarray(x.astype(np.float32)), "y": jnp.asarray((x[:, 0] > 0).astype(np.int32))}
+
+
+def _params(seed=0):
+  k1, k2 = jax.random.split(jax.random.PRNGKey(seed))
+  return {"w1": jax.random.normal(k1, (D, H)) * 0.5, "b1": jnp.zeros(H),
+          "w2": jax.random.normal(k2, (H, 2)) * 0.5, "b2": jnp.zeros(2)}
+
+
+def _loss(params, example):
+  hidden = jnp.tanh(example["x"] @ params["w1"] + params["b1"])
+  logits = hidden @ params["w2"] + params["b2"]
+  return optax.softmax_cross_entropy_with_integer_labels(logits, example["y"])
+
+
+def _config(**changes):
+  base = dict(num_examples=N, noise_multiplier=1.3, clip_norm=0.7, batch_size=24, steps=50,
+              microbatch_size=16)
+  base.update(changes)
+  if base.get("sampler") == "full":
+    base.pop("batch_size")
+  return training.DPConfig(**base)
+
+
+@functools.lru_cache(maxsize=None)
+def _trainer(config, lr=0.3):
+  """The trainer of ``config`` and its compiled step (compiled once per configuration)."""
+  trainer = training.private_trainer(config, _loss, optax.sgd(lr))
+  return trainer, jax.jit(trainer.step)
+
+
+def _run(config, steps, data=None, state=None):
+  data = _data() if data is None else data
+  trainer, step = _trainer(config)
+  if state is None:
+    state = trainer.init(_params(), jax.random.PRNGKey(7), data)
+  metrics = []
+  for _ in range(steps):
+    state, m = step(state, data)
+    metrics.append(jax.device_get(m))
+  return jax.device_get(state), metrics
+
+
+def _reference_step(config, params, key, data, lr, admitted=None):
+  """One step by hand: the same batch and noise keys, each example's gradient by its own
+  jax.grad call, clipped and summed in float64, the noise drawn leaf by leaf, SGD."""
+  _, sample_key, noise_key = jax.random.split(key, 3)
+  batch = config.sampler_fn()(sample_key)
+  members = np.asarray(batch.indices)[np.asarray(batch.valid)]
+  leaves, treedef = jax.tree_util.tree_flatten(params)
+  total = [np.zeros(x.shape, np.float64) for x in leaves]
+  for i in members:
+    if admitted is not None and not admitted[i]:
+      continue
+    example = {k: v[i] for k, v in data.items()}
+    grad = jax.tree_util.tree_leaves(jax.grad(_loss)(params, example))
+    norm = math.sqrt(sum(float(np.sum(np.asarray(g, np.float64) ** 2)) for g in grad))
+    scale = min(1.0, config.clip_norm / norm)
+    total = [t + scale * np.asarray(g, np.float64) for t, g in zip(total, grad)]
+  keys = jax.random.split(noise_key, len(leaves))
+  std = config.noise_multiplier * config.clip_norm
+  noisy = [t + std * np.asarray(jax.random.normal(k, x.shape, x.dtype), np.float64)
+           for t, k, x in zip(total, keys, leaves)]
+  new = [np.asarray(x, np.float64) - lr * g / config.expected_batch_size
+         for x, g in zip(leaves, noisy)]
+  return jax.tree_util.tree_unflatten(treedef, new), len(members)
+
+
+@pytest.mark.parametrize("sampler", ["poisson", "fixed", "full"])
+def test_step_equals_a_per_example_loop(sampler):
+  config = _config(sampler=sampler)
+  data, lr = _data(), 0.3
+  trainer, step = _trainer(config, lr)
+  state = trainer.init(_params(), jax.random.PRNGKey(3), data)
+  for _ in range(2):
+    expected, members = _reference_step(config, state.params, state.key, data, lr)
+    state, metrics = step(state, data)
+    assert int(metrics.batch_size) == members and bool(metrics.ran)
+    for got, want in zip(jax.tree_util.tree_leaves(state.params),
+                         jax.tree_util.tree_leaves(expected)):
+      np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=2e-5, atol=2e-6)
+
+
+def test_filter_refused_examples_are_not_in_the_step():
+  """DP-GD with the GDP filter: the step's update is the loop over the admitted examples only,
+  and the ledger holds each admitted example's (min(||g||, C) / C)^2."""
+  config = _config(sampler="full", accountant="gdp_filter", steps=3, noise_multiplier=0.6)
+  data, lr = _data(), 0.3
+  trainer, step = _trainer(config, lr)
+  state = trainer.init(_params(), jax.random.PRNGKey(3), data)
+  spent = np.zeros(N)
+  budget = config.steps  # sqrt(T) / sigma, in units of clipped steps: T
+  for _ in range(6):
+    grads = jax.vmap(jax.grad(_loss), in_axes=(None, 0))(state.params, data)
+    norms = np.sqrt(sum(np.sum(np.asarray(g, np.float64).reshape(N, -1) ** 2, axis=1)
+                        for g in jax.tree_util.tree_leaves(grads)))
+    charge = np.minimum(norms / config.clip_norm, 1.0) ** 2
+    admitted = spent + charge <= budget * (1 + 1e-9)
+    expected, _ = _reference_step(config, state.params, state.key, data, lr, admitted)
+    state, metrics = step(state, data)
+    spent = np.where(admitted, spent + charge, spent)
+    assert int(metrics.active) == int(np.sum(admitted))
+    np.testing.assert_array_equal(np.asarray(state.ledger.individual.active), admitted)
+    for got, want in zip(jax.tree_util.tree_leaves(state.params),
+                         jax.tree_util.tree_leaves(expected)):
+      np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=2e-5, atol=2e-6)
+  assert 0 < int(np.sum(admitted)) < N  # some examples were refused in the last steps
+  recorded = np.asarray(jaxacct.individual.spent_mu(state.ledger.individual), np.float64)
+  np.testing.assert_allclose(recorded, np.sqrt(spent) / config.noise_multiplier, rtol=1e-5)
+
+
+def test_padding_and_zero_weights_contribute_exactly_zero():
+  """Entries of weight 0 add exactly nothing, even when their gradient is NaN or huge."""
+  data = _data()
+  poisoned = {"x": data["x"].at[5].set(jnp.nan).at[9].set(1e30), "y": data["y"]}
+  params = _params()
+  indices = jnp.asarray([0, 5, 1, 9, 2, 5, 3, 5], jnp.int32)
+  weights = jnp.asarray([1, 0, 1, 0, 1, 0, 1, 0], jnp.float32)
+  summed, _, seen = gradients.private_sum(_loss, params, poisoned, indices, weights, 0.7, 4)
+  clean, _, _ = gradients.private_sum(_loss, params, data, indices[::2], weights[::2], 0.7, 4)
+  for a, b in zip(jax.tree_util.tree_leaves(summed), jax.tree_util.tree_leaves(clean)):
+    assert np.all(np.isfinite(np.asarray(a)))
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
+  assert np.all(np.asarray(seen.weights)[1::2] == 0)
+  zero, _, _ = gradients.private_sum(_loss, params, poisoned, indices, jnp.zeros(8), 0.7, 4)
+  assert all(np.all(np.asarray(z) == 0) for z in jax.tree_util.tree_leaves(zero))
+
+
+def test_microbatch_size_does_not_change_the_sum():
+  data, params = _data(), _params()
+  indices = jnp.arange(N, dtype=jnp.int32)
+  sums = [gradients.private_sum(_loss, params, data, indices, jnp.ones(N), 0.7, m)[0]
+          for m in (8, 32, 96)]
+  for other in sums[1:]:
+    for a, b in zip(jax.tree_util.tree_leaves(sums[0]), jax.tree_util.tree_leaves(other)):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+def test_poisson_batch_sizes_are_binomial():
+  """Chi-square goodness of fit of 4,000 batch sizes against Binomial(N, q) (fixed seed), and
+  each example's inclusion frequency against q."""
+  config = training.DPConfig(num_examples=400, noise_multiplier=1.0, clip_norm=1.0,
+                             batch_size=40, capacity=90, overflow_probability=1e-9)
+  sample = jax.jit(jax.vmap(config.sampler_fn()))
+  batches = sample(jax.random.split(jax.random.PRNGKey(11), 4000))
+  sizes = np.asarray(batches.size)
+  assert np.all(np.asarray(jnp.sum(batches.valid, axis=1)) == sizes)
+  edges = np.concatenate([[-0.5], np.arange(28.5, 52.5, 2.0), [400.5]])
+  observed = np.histogram(sizes, edges)[0]
+  cdf = stats.binom.cdf(np.floor(edges[1:]), 400, 0.1) - stats.binom.cdf(np.floor(edges[:-1]),
+                                                                         400, 0.1)
+  chi2 = np.sum((observed - 4000 * cdf) ** 2 / (4000 * cdf))
+  assert stats.chi2.sf(chi2, len(observed) - 1) > 1e-3
+  counts = np.zeros(400)
+  for idx, valid in zip(np.asarray(batches.indices), np.asarray(batches.valid)):
+    counts[idx[valid]] += 1
+  assert stats.chisquare(counts).pvalue > 1e-3 and abs(counts.mean() / 4000 - 0.1) < 2e-3
+  # the members are distinct and sorted; padding past the size
+  idx, valid = np.asarray(batches.indices[0]), np.asarray(batches.valid[0])
+  assert np.all(np.diff(idx[valid]) > 0)
+
+
+def test_fixed_batches_are_uniform_without_replacement():
+  config = _config(sampler="fixed", batch_size=12)
+  sample = jax.jit(jax.vmap(config.sampler_fn()))
+  indices = np.asarray(sample(jax.random.split(jax.random.PRNGKey(5), 3000)).indices)
+  assert all(len(set(row)) == 12 for row in indices)
+  counts = np.bincount(indices.ravel(), minlength=N)
+  assert stats.chisquare(counts).pvalue > 1e-3
+
+
+def test_worst_case_epsilon_of_each_sampler():
+  """After T steps the report's certified epsilon is dpsgd_epsilon's (Poisson), the Gaussian
+  mechanism's closed form (full batch) and dp-accounting's PLD of the Poisson-subsampled
+  Gaussian at sigma / 2 (fixed-size batches, sensitivity 2)."""
+  from dp_accounting import dp_event as E, pld as dpl
+  state, metrics = _run(_config(steps=7), 9)
+  assert [bool(m.ran) for m in metrics] == [True] * 7 + [False] * 2  # planned T refused beyond
+  report = training.privacy_report(state)
+  want = jaxacct.dpsgd_epsilon(1.3, 24 / N, 7, 1e-5)  # the same plan: bit for bit
+  assert report.steps == 7 and float(report.epsilon.upper) == float(want.upper)
+  assert report.individual is None and report.guarantee is None
+
+  full = _config(sampler="full", steps=4)
+  exact = gaussian_epsilon(1e-5, 2 / 1.3)
+  got = training.worst_case_epsilon(full, 4)
+  assert got.lower <= exact <= got.upper and got.upper - exact < 0.02 * exact
+
+  for sigma, q, steps in [(1.3, 0.25, 4), (3.0, 0.05, 60)]:
+    fixed = _config(sampler="fixed", noise_multiplier=sigma, batch_size=int(q * N) or 1,
+                    steps=steps)
+    ours = training.worst_case_epsilon(fixed, steps)
+    accountant = dpl.PLDAccountant()
+    accountant.compose(E.PoissonSampledDpEvent(fixed.sampling_rate,
+                                               E.GaussianDpEvent(sigma / 2)), steps)
+    ref = accountant.get_epsilon(1e-5)  # dp-accounting's is pessimistic
+    assert ours.upper >= ref * (1 - 2e-3) and ours.upper <= ref * 1.02 + 1e-3
+  poisson = training.worst_case_epsilon(_config(noise_multiplier=sigma,
+                                                batch_size=fixed.batch_size), steps)
+  assert ours.lower > 1.5 * poisson.upper  # never accounted as Poisson at sigma
+
+
+def test_small_poisson_buffer_reports_its_overflow_allowance():
+  big = _config(steps=20)
+  small = _config(steps=20, capacity=60, overflow_probability=1e-6)
+  beta = small.overflow_per_step
+  assert 0 < beta <= 1e-6
+  assert beta == pytest.approx(stats.binom.sf(60, N + 1, 24 / N), rel=1e-9)
+  exact, padded = (training.worst_case_epsilon(c, 20) for c in (big, small))
+  allowance_eps = jaxacct.dpsgd_epsilon(1.3, 24 / N, 20, 1e-5 - 21 * (1 + math.exp(
+      float(padded.upper))) * beta)
+  assert padded.upper >= float(allowance_eps.upper) >= exact.upper
+  assert padded.upper - exact.upper < 0.05
+
+
+def test_overflowing_batch_is_refused_and_accounted():
+  config = training.DPConfig(num_examples=N, noise_multiplier=1.0, clip_norm=1.0,
+                             batch_size=40, capacity=43, overflow_probability=0.5, steps=30,
+                             microbatch_size=16)
+  state, metrics = _run(config, 30)
+  refused = [not bool(m.ran) for m in metrics]
+  assert 0 < sum(refused) < 30
+  assert all(int(m.batch_size) > 43 for m, r in zip(metrics, refused) if r)
+  assert int(state.ledger.refused) == sum(refused) and int(state.ledger.steps) == 30
+
+
+def test_poisson_with_rdp_filter_and_counter():
+  """Every example's norm is charged at every Poisson step (Koskela et al. Sec. 5): the RDP
+  odometers of the filter and the counter agree, and both are below the worst case."""
+  state_f, metrics = _run(_config(accountant="rdp_filter", steps=6), 6)
+  state_c, _ = _run(_config(accountant="bucket_counter", steps=6), 6)
+  np.testing.assert_array_equal(np.asarray(state_c.ledger.individual.counts).sum(axis=1), 6)
+  report_f = training.privacy_report(state_f)
+  report_c = training.privacy_report(state_c)
+  worst = jaxacct.rdp.epsilon(jaxacct.dpsgd_composition(1.3, 24 / N, 6), 1e-5)
+  assert report_f.individual[1.0] <= report_f.guarantee + 1e-6
+  assert report_f.guarantee <= float(worst.upper) * 1.001
+  assert report_f.individual[0.0] < 0.9 * report_f.individual[1.0]
+  for q in report_f.individual:
+    assert report_c.individual[q] == pytest.approx(report_f.individual[q], rel=2e-2)
+  assert report_f.active == N
+
+
+def test_resume_from_checkpoint_is_exact(tmp_path):
+  config = _config(sampler="full", accountant="gdp_filter", steps=4, noise_multiplier=0.8)
+  straight, _ = _run(config, 8)
+  half, _ = _run(config, 4)
+  training.save_checkpoint(tmp_path, half)
+  fresh = _trainer(config)[0].init(_params(seed=1), jax.random.PRNGKey(0), _data())
+  restored = training.restore_checkpoint(tmp_path, fresh)
+  resumed, _ = _run(config, 4, state=restored)
+  for a, b in zip(jax.tree_util.tree_leaves(straight), jax.tree_util.tree_leaves(resumed)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert jax.tree_util.tree_structure(straight) == jax.tree_util.tree_structure(resumed)
+  assert training.privacy_report(resumed).individual == training.privacy_report(
+      straight).individual
+
+
+@pytest.mark.parametrize("change", [dict(noise_multiplier=1.2), dict(batch_size=25),
+                                    dict(sampler="fixed"), dict(num_examples=N + 1),
+                                    dict(clip_norm=0.5), dict(steps=51)])
+def test_restore_into_another_configuration_is_refused(tmp_path, change):
+  config = _config()
+  state, _ = _run(config, 1)
+  training.save_checkpoint(tmp_path, state)
+  other = _config(**change)
+  data = _data(other.num_examples)
+  target = training.private_trainer(other, _loss, optax.sgd(0.3)).init(
+      _params(), jax.random.PRNGKey(0), data)
+  with pytest.raises(ValueError, match=list(change)[0]):
+    training.restore_checkpoint(tmp_path, target)
+  with pytest.raises(ValueError, match="another configuration"):
+    jax.jit(training.private_trainer(other, _loss, optax.sgd(0.3)).step)(state, data)
+
+
+def test_crash_during_save_leaves_the_previous_checkpoint(tmp_path):
+  """A process killed while writing checkpoint 2 (after its files, before the commit): the
+  directory's newest complete checkpoint is still 1, and it restores exactly."""
+  script = textwrap.dedent(f"""
+      import os, sys
+      sys.path.insert(0, {os.path.dirname(__file__)!r})
+      import jax, optax
+      from orbax.checkpoint._src.path import atomicity
+      from jaxacct import training
+      import test_training as t
+      config = t._config()
+      state, _ = t._run(config, 1)
+      training.save_checkpoint({str(tmp_path)!r}, state)
+      state, _ = t._run(config, 1, state=state)
+      async def crash(self, *args, **kwargs):
+        os._exit(3)
+      for name in dir(atomicity):
+        cls = getattr(atomicity, name)
+        if isinstance(cls, type) and hasattr(cls, "finalize"):
+          cls.finalize = crash
+      training.save_checkpoint({str(tmp_path)!r}, state)
+      """)
+  done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                        timeout=300)
+  assert done.returncode == 3, done.stderr[-2000:]
+  assert any(p.name.startswith("2") for p in tmp_path.iterdir())  # the unfinished write
+  assert training.checkpoint.latest_step(tmp_path) == 1
+  config = _config()
+  first, _ = _run(config, 1)
+  target = _trainer(config)[0].init(_params(seed=2), jax.random.PRNGKey(9), _data())
+  restored = training.restore_checkpoint(tmp_path, target)
+  for a, b in zip(jax.tree_util.tree_leaves(first), jax.tree_util.tree_leaves(restored)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_nnx_model_and_plain_function_agree():
+  from flax import nnx
+
+  class MLP(nnx.Module):
+    def __init__(self, rngs):
+      self.hidden = nnx.Linear(D, H, rngs=rngs)
+      self.out = nnx.Linear(H, 2, rngs=rngs)
+
+    def __call__(self, x):
+      return self.out(jnp.tanh(self.hidden(x)))
+
+  model = MLP(nnx.Rngs(0))
+  params, loss = training.nnx_loss(model, lambda m, ex: optax.softmax_cross_entropy_with_integer_labels(
+      m(ex["x"]), ex["y"]))
+  as_dict = {"w1": params["hidden"]["kernel"][...], "b1": params["hidden"]["bias"][...],
+             "w2": params["out"]["kernel"][...], "b2": params["out"]["bias"][...]}
+  data = _data()
+  ex = jax.tree_util.tree_map(lambda v: v[:10], data)
+  _, g_nnx = gradients.per_example_gradients(loss, params, ex)
+  _, g_plain = gradients.per_example_gradients(_loss, as_dict, ex)
+  np.testing.assert_allclose(np.asarray(g_nnx["hidden"]["kernel"][...]), np.asarray(g_plain["w1"]),
+                             rtol=1e-5, atol=1e-6)
+  config = _config(steps=3)
+  trainer = training.private_trainer(config, loss, optax.adam(1e-2))
+  state = trainer.init(params, jax.random.PRNGKey(0), data)
+  step = jax.jit(trainer.step)
+  for _ in range(3):
+    state, _ = step(state, data)
+  nnx.update(model, state.params)
+  np.testing.assert_array_equal(np.asarray(model.out.kernel[...]),
+                                np.asarray(state.params["out"]["kernel"][...]))
+  assert training.privacy_report(state).steps == 3
+
+
+def test_private_aggregate_is_clip_sum_and_noise():
+  data, params = _data(), _params()
+  ex = jax.tree_util.tree_map(lambda v: v[:16], data)
+  _, per_example = gradients.per_example_gradients(_loss, params, ex)
+  key = jax.random.PRNGKey(4)
+  transform = optax.chain(training.private_aggregate(0.7, 1.1, key), optax.scale(-0.1))
+  updates, _ = transform.update(per_example, transform.init(params))
+  norms = np.asarray(gradients.global_norms(per_example), np.float64)
+  leaves = jax.tree_util.tree_leaves(per_example)
+  noise_keys = jax.random.split(jax.random.split(key)[0], len(leaves))
+  for got, g, k in zip(jax.tree_util.tree_leaves(updates), leaves, noise_keys):
+    scale = np.minimum(1.0, 0.7 / norms).reshape((-1,) + (1,) * (g.ndim - 1))
+    want = np.sum(np.asarray(g, np.float64) * scale, axis=0)
+    want = want + 0.77 * np.asarray(jax.random.normal(k, g.shape[1:], g.dtype))
+    np.testing.assert_allclose(np.asarray(got), -0.1 * want, rtol=2e-5, atol=1e-6)
+  with pytest.raises(ValueError, match="clip_norm"):
+    training.private_aggregate(0.0, 1.0, key)
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(clip_norm=0.0), "clip_norm"), (dict(clip_norm=-1.0), "clip_norm"),
+    (dict(noise_multiplier=0.0), "noise_multiplier"), (dict(batch_size=N + 1), "batch_size"),
+    (dict(batch_size=0), "batch_size"), (dict(sampler="shuffle"), "sampler"),
+    (dict(capacity=30, overflow_probability=1e-9), "capacity >= "),
+    (dict(accountant="gdp_filter"), "DP-GD"),
+    (dict(sampler="fixed", accountant="rdp_filter"), "fixed-size"),
+    (dict(target_epsilon=0.5), None), (dict(delta=0.0), "delta"),
+    (dict(microbatch_size=0), "microbatch_size")])
+def test_bad_configuration_is_refused(change, match):
+  if "target_epsilon" in change:  # a sigma that does not reach the budget: refused at build
+    config = _config(**change)
+    with pytest.raises(ValueError, match="does not reach target_epsilon"):
+      training.private_trainer(config, _loss, optax.sgd(0.1))
+    return
+  with pytest.raises(ValueError, match=match):
+    _config(**change)
+
+
+def test_bad_data_is_refused():
+  config = _config()
+  trainer = training.private_trainer(config, _loss, optax.sgd(0.1))
+  with pytest.raises(ValueError, match="leading axis of num_examples"):
+    trainer.init(_params(), jax.random.PRNGKey(0), _data(N - 1))
+  wrong = {"x": jnp.zeros((N, D + 2)), "y": jnp.zeros(N, jnp.int32)}
+  with pytest.raises(ValueError, match="cannot be evaluated on one example"):
+    trainer.init(_params(), jax.random.PRNGKey(0), wrong)
+  with pytest.raises(ValueError, match="scalar"):
+    training.private_trainer(config, lambda p, ex: p["w1"] * 1.0, optax.sgd(0.1)).init(
+        _params(), jax.random.PRNGKey(0), _data())
