@@ -189,6 +189,17 @@ def test_poisson_batch_sizes_are_binomial():
   assert np.all(np.diff(idx[valid]) > 0)
 
 
+def test_poisson_inclusion_probability_never_exceeds_q():
+  """The uint32 threshold gives each example probability floor(q 2^32) / 2^32: <= q, within
+  2^-32 of it, for rates down to 1e-9 (a float comparison could round q up)."""
+  from jaxacct.training.sampling import _bernoulli_threshold
+  rates = np.concatenate([np.geomspace(1e-9, 1.0, 300, endpoint=False),
+                          np.random.default_rng(0).uniform(0, 1, 300)])
+  for q in rates:
+    p = int(_bernoulli_threshold(q)) / 2.0 ** 32
+    assert q - 2.0 ** -32 < p <= q
+
+
 def test_fixed_batches_are_uniform_without_replacement():
   config = _config(sampler="fixed", batch_size=12)
   sample = jax.jit(jax.vmap(config.sampler_fn()))
@@ -417,6 +428,27 @@ def test_bad_data_is_refused():
   wrong = {"x": jnp.zeros((N, D + 2)), "y": jnp.zeros(N, jnp.int32)}
   with pytest.raises(ValueError, match="cannot be evaluated on one example"):
     trainer.init(_params(), jax.random.PRNGKey(0), wrong)
+  state = trainer.init(_params(), jax.random.PRNGKey(0), _data())
+  with pytest.raises(ValueError, match="leading axis of num_examples"):
+    jax.jit(trainer.step)(state, _data(N + 5))
   with pytest.raises(ValueError, match="scalar"):
     training.private_trainer(config, lambda p, ex: p["w1"] * 1.0, optax.sgd(0.1)).init(
         _params(), jax.random.PRNGKey(0), _data())
+
+
+def test_readme_training_example_runs():
+  """The README's training example runs as written; its report is dpsgd_epsilon's and the
+  model learns the (separable) task."""
+  import pathlib
+  import re
+  text = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
+  section = text[text.index("## DP training"):]
+  code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+  namespace = {}
+  exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - our own documentation
+  state, data = namespace["state"], namespace["data"]
+  report = training.privacy_report(state)
+  assert report.steps == 300
+  assert float(report.epsilon.upper) == float(jaxacct.dpsgd_epsilon(1.0, 0.05, 300, 1e-5).upper)
+  logits = data["x"] @ np.asarray(state.params["w"]) + np.asarray(state.params["b"])
+  assert np.mean(np.argmax(logits, axis=1) == data["y"]) > 0.85

@@ -105,8 +105,9 @@ def check_budget(config: DPConfig):
         f"{config.delta:g} (calibrate it with jaxacct.get_noise_multiplier)")
 
 
-def check_data(config: DPConfig, loss, params, data):
-  """Refuses data whose leading axis is not N, or on which ``loss`` does not give a scalar."""
+def check_lengths(config: DPConfig, data):
+  """Refuses data whose arrays do not all have a leading axis of N (static shapes: also under
+  ``jit``, where an index past the end would otherwise be clamped silently)."""
   leaves = jax.tree_util.tree_leaves(data)
   if not leaves:
     raise ValueError("data has no arrays")
@@ -114,6 +115,11 @@ def check_data(config: DPConfig, loss, params, data):
   if lengths != {config.num_examples}:
     raise ValueError(f"every data array needs a leading axis of num_examples "
                      f"({config.num_examples}); got leading sizes {sorted(map(str, lengths))}")
+
+
+def check_data(config: DPConfig, loss, params, data):
+  """Refuses data whose leading axis is not N, or on which ``loss`` does not give a scalar."""
+  check_lengths(config, data)
   example = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), data)
   try:
     out = jax.eval_shape(loss, params, example)
@@ -189,6 +195,7 @@ def private_trainer(config: DPConfig, loss: Callable,
   def step(state, data):
     ledger = state.ledger
     check_same_config(ledger.config, config)
+    check_lengths(config, data)
     key, sample_key, noise_key = jax.random.split(state.key, 3)
     batch = sample(sample_key)
     allowed = ~batch.overflow
@@ -331,5 +338,5 @@ def privacy_report(state: TrainState, delta=None, quantiles=QUANTILES) -> Privac
 
 
 __all__ = ["Ledger", "PrivacyReport", "PrivateTrainer", "StepMetrics", "TrainState",
-           "check_budget", "check_data", "individual_accountant", "private_trainer",
+           "check_budget", "check_data", "check_lengths", "individual_accountant", "private_trainer",
            "privacy_report", "worst_case_epsilon"]
