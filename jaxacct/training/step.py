@@ -71,6 +71,12 @@ class PrivateTrainer(NamedTuple):
   step: Callable
 
 
+# The Poisson path charges norms from one pass and sums gradients from another (other batch
+# shapes): the same norm recomputed may differ by a few float32 ulps, so charges are taken at
+# norms raised by this much (a margin far above that round-off).
+_RECOMPUTE_MARGIN = 1e-5
+
+
 @functools.lru_cache(maxsize=32)
 def individual_accountant(config: DPConfig):
   """The per-example accountant of ``config`` (None for "worst_case").
@@ -178,7 +184,7 @@ def private_trainer(config: DPConfig, loss: Callable,
   def account_all(individual, params, data, batch):
     """Poisson with a per-example accountant: every example's norm at this step (Koskela et
     al., Sec. 5), charged in one update; the batch keeps the members the filter admits."""
-    norms = _grads.all_norms(loss, params, data, n, m)
+    norms = _grads.all_norms(loss, params, data, n, m) * (1.0 + _RECOMPUTE_MARGIN)
     every, listed = jnp.arange(n, dtype=jnp.int32), jnp.ones(n, bool)
     if filters:
       individual, _ = accountant.update(individual, norms, every, listed)
