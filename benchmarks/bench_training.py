@@ -12,13 +12,16 @@ Workloads (issue 17), float32, synthetic MNIST-shaped data (28 x 28, 10 classes)
 * DP-GD on a batch of 256 (the whole dataset, N = 256) with an individual accountant inside the
   step (GDP filter, RDP filter, bucket counter) against the same DP-GD step without it.
 
-Each figure: cold (first call: compile + run) and warm (median of timed steps). Ratios print.
+Each figure: cold (first call: compile + run) and warm (the runners of a section timed in turns,
+5 steps each per round, the median of the rounds' medians; the same batches for all). Ratios
+print against the private step without accounting.
 Run:  pip install -e ".[bench]"; python benchmarks/bench_training.py [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
 import statistics
@@ -96,6 +99,7 @@ def plain_private_step(config, loss, optimizer):
 
 
 def timed_steps(run, repeats):
+  """(cold, warm): the first call's time, then the median of ``repeats`` calls."""
   start = time.perf_counter()
   jax.block_until_ready(run())
   cold = time.perf_counter() - start
@@ -104,7 +108,19 @@ def timed_steps(run, repeats):
     start = time.perf_counter()
     jax.block_until_ready(run())
     times.append(time.perf_counter() - start)
-  return cold, statistics.median(times)
+  return cold, statistics.median(times) if times else math.nan
+
+
+def interleaved(runs, rounds, per_round=5):
+  """Each runner's (cold, warm) with the runners timed in turns (round-robin, ``per_round``
+  steps each per round), so that the machine's drift hits them alike; warm is the median of
+  the per-round medians."""
+  colds = [timed_steps(run, 0)[0] for run in runs]
+  medians = [[] for _ in runs]
+  for _ in range(rounds):
+    for run, out in zip(runs, medians):
+      out.append(timed_steps(run, per_round)[1])
+  return [(cold, statistics.median(m)) for cold, m in zip(colds, medians)]
 
 
 def baseline_runner(config, loss, init, data):
@@ -127,7 +143,7 @@ def trainer_runner(config, loss, init, data):
   def run():
     box[0], _ = step(box[0], data)
     return box[0].params
-  return run, box
+  return run
 
 
 def host_accountant(kind, q, steps):
@@ -144,34 +160,34 @@ def row(name, cold, warm, base=None):
   print(f"  {name:<32s} cold {cold:7.2f} s   warm {1e3 * warm:8.2f} ms   {ratio}", flush=True)
 
 
-def poisson_section(name, loss, init, n, batch, repeats, host_steps):
+def poisson_section(name, loss, init, n, batch, rounds, host_steps):
   print(f"\n{name}: Poisson, expected batch {batch} of N = {n}, microbatch {MICRO}")
   data = dataset(n)
   config = training.DPConfig(num_examples=n, noise_multiplier=SIGMA, clip_norm=CLIP,
                              batch_size=batch, steps=10 ** 6, microbatch_size=MICRO)
-  cold, base = timed_steps(baseline_runner(config, loss, init, data), repeats)
+  runs = [baseline_runner(config, loss, init, data), trainer_runner(config, loss, init, data)]
+  (cold, base), (cold_ledger, warm) = interleaved(runs, rounds)
   row("private step (no accounting)", cold, base)
-  run, _ = trainer_runner(config, loss, init, data)
-  cold, warm = timed_steps(run, repeats)
-  row("+ ledger in the step (jaxacct)", cold, warm, base)
+  row("+ ledger in the step (jaxacct)", cold_ledger, warm, base)
   for kind in ("rdp", "pld"):
     cold, host = timed_steps(lambda: host_accountant(kind, batch / n, host_steps), 5)
     row(f"+ dp-accounting {kind.upper()} per step", cold, base + host, base)
 
 
-def dpgd_section(name, loss, init, n, repeats):
+def dpgd_section(name, loss, init, n, rounds):
   print(f"\n{name}: DP-GD on a batch of N = {n} (every example every step), "
         f"microbatch {MICRO}")
   data = dataset(n)
   kwargs = dict(num_examples=n, noise_multiplier=SIGMA, clip_norm=CLIP, steps=10 ** 4,
                 sampler="full", microbatch_size=MICRO)
-  config = training.DPConfig(**kwargs)
-  cold, base = timed_steps(baseline_runner(config, loss, init, data), repeats)
-  row("private step (no accounting)", cold, base)
-  for accountant in ("worst_case", "gdp_filter", "rdp_filter", "bucket_counter"):
-    run, _ = trainer_runner(training.DPConfig(**kwargs, accountant=accountant), loss, init,
-                            data)
-    cold, warm = timed_steps(run, repeats)
+  accountants = ("worst_case", "gdp_filter", "rdp_filter", "bucket_counter")
+  runs = [baseline_runner(training.DPConfig(**kwargs), loss, init, data)]
+  runs += [trainer_runner(training.DPConfig(**kwargs, accountant=a), loss, init, data)
+           for a in accountants]
+  timed = interleaved(runs, rounds)
+  base = timed[0][1]
+  row("private step (no accounting)", *timed[0])
+  for accountant, (cold, warm) in zip(accountants, timed[1:]):
     row(f"+ {accountant} in the step", cold, warm, base)
 
 
@@ -179,13 +195,13 @@ def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--quick", action="store_true")
   args = parser.parse_args()
-  repeats = 20 if args.quick else 100
+  rounds = 4 if args.quick else 20
   print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
         f"jax {jax.__version__} on {jax.devices()[0].platform}")
   for name, loss, init in (("MLP 784-128-10", mlp_loss, mlp_init),
                            ("convnet 8-16 channels", conv_loss, conv_init)):
-    poisson_section(name, loss, init, 60_000, 256, repeats, HOST_STEPS)
-    dpgd_section(name, loss, init, 256, repeats)
+    poisson_section(name, loss, init, 60_000, 256, rounds, HOST_STEPS)
+    dpgd_section(name, loss, init, 256, rounds)
 
 
 if __name__ == "__main__":

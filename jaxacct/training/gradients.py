@@ -42,8 +42,8 @@ def clipped_sum(gradients, norms, weights, clip_norm):
   """sum_i w_i min(1, C/||g_i||) g_i; entries of weight 0 contribute exactly zero."""
   factors = jnp.where(weights > 0, weights * clip_factors(norms, clip_norm), 0.0)
 
-  def leaf_sum(g):
-    kept = jnp.where(jnp.reshape(weights > 0, (-1,) + (1,) * (g.ndim - 1)), g, 0)
+  def leaf_sum(g):  # (the mask through the factors: XLA then computes g once, not twice)
+    kept = jnp.where(jnp.reshape(factors > 0, (-1,) + (1,) * (g.ndim - 1)), g, 0)
     return jnp.tensordot(factors.astype(g.dtype), kept, axes=1)
   return jax.tree_util.tree_map(leaf_sum, gradients)
 
