@@ -2,6 +2,7 @@
 Koskela et al., the paper's numbers, the ledger's rounding, bad input and life inside jit."""
 
 import dataclasses
+import functools
 import math
 from fractions import Fraction
 
@@ -423,18 +424,45 @@ def dpsgd_report():
   return counter, state, counter.report(state, 1e-5), individual.noise_grid(sigma), q
 
 
+@functools.lru_cache(maxsize=None)
+def _dp_accounting_step_pld(sigma, q, pessimistic):
+  """dp-accounting's PLD of one Poisson-subsampled Gaussian step (discretisation 1e-4): the
+  pessimistic one by connect-the-dots, as its PLDAccountant makes it; the optimistic one by
+  privacy buckets, the only method it offers for that estimate."""
+  from dp_accounting.pld import privacy_loss_distribution
+  return privacy_loss_distribution.from_gaussian_mechanism(
+      sigma, pessimistic_estimate=pessimistic, value_discretization_interval=1e-4,
+      sampling_prob=q, use_connect_dots=pessimistic)
+
+
+def _dp_accounting_pld_epsilon(sigmas_and_counts, q, delta, pessimistic):
+  """dp-accounting's PLD epsilon of a heterogeneous sequence, composed as its PLDAccountant
+  composes it (the identity, then each entry's step self-composed, in turn); each step's PLD is
+  made once per noise level (the accountant remakes it for every entry of every sequence)."""
+  from dp_accounting.pld import privacy_loss_distribution
+  pld = privacy_loss_distribution.identity(value_discretization_interval=1e-4,
+                                                pessimistic_estimate=pessimistic)
+  for sigma, count in sigmas_and_counts:
+    if count > 0:
+      pld = pld.compose(_dp_accounting_step_pld(float(sigma), q, pessimistic).self_compose(
+          int(count)))
+  return pld.get_epsilon_for_delta(delta)
+
+
 def test_per_example_pld_bracket_contains_dp_accounting(dpsgd_report):
   from dp_accounting.pld import pld_privacy_accountant
   _, state, report, grid, q = dpsgd_report
   counts = np.asarray(state.counts)
   assert counts.sum() == 80 * 20
+  # The shortest sequence through dp-accounting's PLDAccountant itself: the same epsilon.
+  short = int(np.argmin(np.sum(counts > 0, axis=1)))
+  accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+  accountant.compose(_dp_accounting_heterogeneous(zip(grid, counts[short]), q))
+  assert accountant.get_epsilon(1e-5) == _dp_accounting_pld_epsilon(zip(grid, counts[short]), q,
+                                                                     1e-5, True)
   for i in range(counts.shape[0]):
-    event = _dp_accounting_heterogeneous(zip(grid, counts[i]), q)
-    eps = {}
-    for pessimistic in (True, False):
-      accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
-      accountant._pessimistic_estimate = pessimistic
-      eps[pessimistic] = accountant.compose(event).get_epsilon(1e-5)
+    eps = {pessimistic: _dp_accounting_pld_epsilon(zip(grid, counts[i]), q, 1e-5, pessimistic)
+           for pessimistic in (True, False)}
     lower, upper = float(report.pld.lower[i]), float(report.pld.upper[i])
     assert lower <= eps[False] <= eps[True] <= upper + 1e-4, (i, lower, eps, upper)
     assert upper - lower < 0.05
