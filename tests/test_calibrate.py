@@ -74,11 +74,21 @@ def test_a_batch_plans_each_setting_apart():
     assert stacked.log_tail[i] == float(plan.log_tail)
 
 
-def test_a_start_far_from_the_answer_is_recovered_by_wider_plans():
-  """Tiny q, few steps, small epsilon: the saddle-point start (sigma ~1.99) is twice the answer
-  (~0.886), beyond the first plan; the plan is remade around each answer, wider each time."""
-  eps, delta, q, steps = 0.11072552403015318, 1.0282320190576635e-07, 3.233047134286453e-4, 807
+def test_a_start_far_from_the_answer_is_recovered_by_wider_plans(monkeypatch):
+  """Small q, few steps, small epsilon: the saddle-point start (sigma ~2.29) is twice the answer
+  (~1.19), beyond the first plan; the plan is remade around each answer, wider each time (three
+  plans; with the old fixed width this setting too stayed above the target after 4 attempts).
+  (The sweep's setting of the fix, q 3.2e-4 and 807 steps, takes a 1.3M-point FFT: 80 s.)"""
+  eps, delta, q, steps = 0.11072552403015318, 1.0282320190576635e-07, 2e-3, 50
+  spreads, plan_for = [], calibrate._plan_for
+
+  def recording(*args, **kwargs):  # (unknown, target, relation, full_batch, flat, centre, spread)
+    spreads.append(args[6])
+    return plan_for(*args, **kwargs)
+
+  monkeypatch.setattr(calibrate, "_plan_for", recording)
   sigma = float(calibrate.noise_multiplier(eps, delta, q, steps))
+  assert len(spreads) >= 3 and np.all(np.diff(spreads) > 0), spreads
   assert eps * (1.0 - 3e-3) <= float(_upper(sigma, q, steps, delta)) <= eps
   assert float(_upper(sigma * (1.0 - 5e-3), q, steps, delta)) > eps
 
