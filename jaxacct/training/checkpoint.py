@@ -50,17 +50,24 @@ def latest_step(directory):
     return manager.latest_step()
 
 
-def restore_checkpoint(directory, target: TrainState, step=None) -> TrainState:
-  """The checkpoint ``step`` (default: the newest complete one) restored into ``target``'s
-  structure (e.g. ``trainer.init(...)`` of the resumed run). ValueError when there is none, or
-  when its configuration differs from ``target``'s."""
+def restore_checkpoint(directory, target: TrainState, step=None, rewind=False) -> TrainState:
+  """The newest complete checkpoint restored into ``target``'s structure (e.g.
+  ``trainer.init(...)`` of the resumed run). ValueError when there is none, or when its
+  configuration differs from ``target``'s. An older ``step`` is refused unless ``rewind=True``:
+  its ledger lacks the steps run since (they still cost privacy) and its key would draw the
+  same noise again."""
   if not isinstance(target, TrainState):
     raise TypeError(f"target must be a TrainState; got {type(target).__name__}")
   with _manager(directory) as manager:
-    step = manager.latest_step() if step is None else int(step)
+    latest = manager.latest_step()
+    step = latest if step is None else int(step)
     if step is None or step not in manager.all_steps():
       raise ValueError(f"no complete checkpoint{'' if step is None else f' {step}'} in "
                        f"{directory}")
+    if step != latest and not rewind:
+      raise ValueError(f"checkpoint {step} is older than the newest ({latest}): restoring it "
+                       f"rewinds the privacy ledger (pass rewind=True only if the steps since "
+                       f"were never released)")
     saved = manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))
     expected = _plain(target.ledger.config.fingerprint())
     differ = config_differences(saved.config, expected)

@@ -6,8 +6,9 @@ over a batch. A Flax NNX model becomes such a pair with ``nnx_loss``.
 
 Every example's gradient g_i is clipped to norm C (g_i min(1, C / ||g_i||)), weighted by w_i
 (1 for a member of the step's batch, 0 for padding or an example its filter refused, a scale in
-(0, 1) for a filter's last partial step) and summed. Entries of weight 0 contribute exactly
-zero, even when their gradient is not finite. ``add_noise`` adds N(0, (sigma C)^2) to every
+(0, 1] otherwise) and summed. Entries of weight 0 contribute exactly zero, even when their
+gradient is not finite; an example whose gradient norm is not finite (NaN or inf) contributes
+zero too (it cannot be clipped). ``add_noise`` adds N(0, (sigma C)^2) to every
 coordinate. Batches are processed in microbatches so memory stays that of one microbatch.
 """
 
@@ -33,13 +34,23 @@ def global_norms(gradients):
   return jnp.sqrt(sum(squares))
 
 
+# Clip factors are shaved by this much: the factor's division and the product's rounding then
+# keep a clipped gradient's norm <= C (float32 and wider parameters).
+_CLIP_SHAVE = 1e-6
+
+
 def clip_factors(norms, clip_norm):
-  """min(1, C / ||g||) per example (1 for a zero gradient)."""
-  return jnp.where(norms > clip_norm, clip_norm / jnp.where(norms > 0, norms, 1.0), 1.0)
+  """min(1, C / ||g||) per example (1 for a zero gradient, 0 for a norm that is not finite);
+  ``clip_norm`` a scalar or one bound per example."""
+  finite = jnp.isfinite(norms)
+  safe = jnp.where(finite & (norms > 0), norms, 1.0)
+  scaled = clip_norm / safe * (1.0 - _CLIP_SHAVE)
+  return jnp.where(finite, jnp.where(norms > clip_norm, scaled, 1.0), 0.0)
 
 
 def clipped_sum(gradients, norms, weights, clip_norm):
-  """sum_i w_i min(1, C/||g_i||) g_i; entries of weight 0 contribute exactly zero."""
+  """sum_i w_i min(1, C/||g_i||) g_i (``clip_norm`` a scalar or one bound per example);
+  entries of weight 0 contribute exactly zero."""
   factors = jnp.where(weights > 0, weights * clip_factors(norms, clip_norm), 0.0)
 
   def leaf_sum(g):  # (the mask through the factors: XLA then computes g once, not twice)
@@ -81,7 +92,8 @@ def private_sum(loss, params, data, indices, weights, clip_norm, microbatch_size
                 chunks=None, weigh=None, carry=None):
   """The clipped, weighted gradient sum of ``data[indices]`` over microbatches.
 
-  ``indices`` and ``weights`` are padded to a multiple of ``microbatch_size``; ``chunks`` (may
+  ``indices``, ``weights`` (and ``clip_norm`` when it is one bound per entry) are padded to a
+  multiple of ``microbatch_size``; ``chunks`` (may
   be traced: a while loop then runs only the chunks holding sampled examples) defaults to all.
   ``weigh(carry, indices, weights, norms) -> (carry, weights)`` lets a per-example accountant
   see each microbatch's norms before its gradients are summed (``carry`` its state).
@@ -96,10 +108,12 @@ def private_sum(loss, params, data, indices, weights, clip_norm, microbatch_size
     summed, inner, seen = state
     at = jax.lax.dynamic_slice(indices, (k * m,), (m,))
     w = jax.lax.dynamic_slice(weights, (k * m,), (m,))
+    bound = (jax.lax.dynamic_slice(clip_norm, (k * m,), (m,)) if jnp.ndim(clip_norm)
+             else clip_norm)
     losses, gradients, norms = microbatch_gradients(loss, params, data, at)
     if weigh is not None:
       inner, w = weigh(inner, at, w, norms)
-    part = clipped_sum(gradients, norms, w, clip_norm)
+    part = clipped_sum(gradients, norms, w, bound)
     summed = jax.tree_util.tree_map(jnp.add, summed, part)
     values = (jnp.where(w > 0, losses, 0.0), norms, w)
     seen = Examples(*(old.at[k].set(new.astype(jnp.float32)) for old, new in zip(seen, values)))
@@ -134,7 +148,7 @@ def private_aggregate(clip_norm, noise_multiplier, key) -> optax.GradientTransfo
 
   ``update(per_example_updates, state, params=None, weights=None)`` takes updates with a
   leading batch axis and returns their clipped sum plus N(0, (sigma C)^2) noise (``weights``
-  masks padding; the noise key advances every call). Chain it before your optimiser, dividing by
+  in [0, 1], clamped, masks padding; the noise key advances every call). Chain it before your optimiser, dividing by
   the expected batch size, e.g. ``optax.chain(private_aggregate(C, sigma, key),
   optax.scale(1 / expected_batch), optax.adam(1e-3))``. The privacy of the run is that of the
   sampler that drew the batches: account it with ``DPConfig.composition``.
@@ -151,7 +165,8 @@ def private_aggregate(clip_norm, noise_multiplier, key) -> optax.GradientTransfo
   def update(updates, state, params=None, weights=None):
     del params
     norms = global_norms(updates)
-    weights = jnp.ones_like(norms) if weights is None else jnp.asarray(weights, norms.dtype)
+    weights = (jnp.ones_like(norms) if weights is None
+               else jnp.clip(jnp.asarray(weights, norms.dtype), 0.0, 1.0))
     step_key, next_key = jax.random.split(state.key)
     summed = clipped_sum(updates, norms, weights, clip_norm)
     return add_noise(summed, step_key, noise_multiplier * clip_norm), AggregateState(next_key)

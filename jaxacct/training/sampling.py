@@ -5,18 +5,21 @@ the steps taken, so what is accounted is what was run:
 
 * ``"poisson"``: each example joins a step independently with probability q = batch_size / N
   (the analysis of ``dpsgd_epsilon``). The batch is a fixed-shape buffer of ``capacity`` indices
-  with a validity mask. By default the buffer holds all N indices, so no batch ever overflows
-  and the run is exactly Poisson-subsampled DP-SGD. A smaller ``capacity`` must keep the chance
+  with a validity mask. By default the buffer holds N + 1 indices, so no batch ever overflows,
+  on this dataset or a neighbour one example larger, and the run is exactly Poisson-subsampled
+  DP-SGD. A smaller ``capacity`` must keep the chance
   that a step's batch overflows it (on N + 1 examples, the larger of two neighbouring datasets)
   below ``overflow_probability``; an overflowing step is *refused* (nothing is released, the
   parameters are unchanged), never truncated. The refusal makes the run differ from Poisson
   DP-SGD only on that event, so its delta grows by (1 + e^eps) T beta (beta the overflow
-  probability of a step), which ``privacy_report`` adds.
-* ``"fixed"``: batch_size examples drawn uniformly without replacement. Replacing one example
-  moves the noisy sum by at most 2C with probability B/N, so the steps are accounted as
-  Poisson-subsampled Gaussians of sensitivity 2 (noise sigma / 2) at rate B/N, the worse of both
-  directions (Zhu, Dong and Wang 2022, Thm. 10, under replace-one; Ganesh 2024, Thm. 3.3 with
-  one example, under add/remove) -- never as Poisson at sigma.
+  probability of a step): ``privacy_report`` reports the epsilon whose delta, with that
+  allowance, is the configured one. (Such a buffer is for the worst-case accountant only.)
+* ``"fixed"``: batch_size examples drawn uniformly without replacement. Adding or removing one
+  example swaps it for another in the batch with probability at most B/N, which moves the noisy
+  sum by at most 2C, so the steps are accounted as Poisson-subsampled Gaussians of sensitivity
+  2 (noise sigma / 2) at rate B/N, the worse of both directions: Ganesh 2024, Thm. 3.3 with one
+  example, under add/remove between datasets of N and N +- 1 examples -- never as Poisson at
+  sigma. (The guarantee is stated for add/remove; replace-one is not claimed here.)
 * ``"full"``: every example in every step (DP-GD): T Gaussian mechanisms.
 """
 
@@ -79,7 +82,7 @@ def smallest_capacity(num_examples, rate, overflow_probability):
     capacity -= 1
   while binomial_overflow(capacity, num_examples, rate) > overflow_probability:
     capacity += 1
-  return min(capacity, num_examples)
+  return min(capacity, num_examples + 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,8 +109,9 @@ class DPConfig:
     target_epsilon: optional; checked against the planned run (a noise multiplier that does not
       reach it is refused before training); the GDP filter's budget then comes from it.
     microbatch_size: examples per vmapped per-example-gradient chunk (memory bound).
-    capacity: the Poisson batch buffer (default N: never overflows).
-    overflow_probability: the bound a smaller ``capacity`` must meet per step.
+    capacity: the Poisson batch buffer (default N + 1: never overflows).
+    overflow_probability: the bound a smaller ``capacity`` must meet per step; T beta must
+      also stay below delta / 1000 (else the allowance would dominate the guarantee).
     may_return: the filters' Algorithm-1 behaviour (refused examples may join later steps).
   """
 
@@ -159,6 +163,14 @@ class DPConfig:
         raise ValueError(f"a Poisson buffer of {self.capacity} overflows with probability "
                          f"{beta:.3g} per step, above overflow_probability="
                          f"{self.overflow_probability:g}; it needs capacity >= {need}")
+      if self.steps * beta > 1e-3 * self.delta:
+        raise ValueError(f"a Poisson buffer of {self.capacity} overflows with probability "
+                         f"{beta:.3g} per step: over {self.steps} steps that is not small "
+                         f"against delta = {self.delta:g} (T beta must be <= delta / 1000); "
+                         f"raise capacity")
+      if self.accountant != "worst_case" and beta > 0:
+        raise ValueError("a Poisson buffer below N + 1 is for the worst-case accountant only "
+                         "(the individual accountants assume no step is refused)")
     if self.accountant == "gdp_filter" and self.sampler != "full":
       raise ValueError("the GDP filter is for DP-GD (sampler='full'); with Poisson sampling use "
                        "accountant='rdp_filter' or 'bucket_counter'")
@@ -181,7 +193,7 @@ class DPConfig:
   def buffer_size(self) -> int:
     """The batch buffer's length (before padding to whole microbatches)."""
     if self.sampler == "poisson":
-      return self.num_examples if self.capacity is None else self.capacity
+      return self.num_examples + 1 if self.capacity is None else self.capacity
     return self.batch_size if self.sampler == "fixed" else self.num_examples
 
   @property

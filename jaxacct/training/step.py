@@ -54,7 +54,10 @@ class TrainState:
 
 class StepMetrics(NamedTuple):
   """What a step reports: the mean loss of the examples summed, the sampled batch size, how
-  many examples entered the sum, the fraction of them clipped, and whether the step ran."""
+  many examples entered the sum, the fraction of them clipped, and whether the step ran.
+
+  These are computed from the private data without noise: they are for your own monitoring,
+  not covered by the DP guarantee (do not release them)."""
 
   loss: jax.Array
   batch_size: jax.Array
@@ -99,10 +102,15 @@ def individual_accountant(config: DPConfig):
 
 
 def check_budget(config: DPConfig):
-  """Refuses a configuration whose planned worst-case epsilon exceeds ``target_epsilon``."""
+  """Refuses a configuration whose planned guarantee exceeds ``target_epsilon``: the worst-case
+  epsilon of T steps (with a small buffer's allowance) and, for the RDP filter, the epsilon its
+  per-example budget holds every example to."""
   if config.target_epsilon is None:
     return
-  planned = float(api.epsilon(config.composition(), config.delta).upper)
+  planned = float(worst_case_epsilon(config, config.steps).upper)
+  accountant = individual_accountant(config)
+  if config.accountant == "rdp_filter":
+    planned = max(planned, accountant.guarantee(config.delta))
   if planned > config.target_epsilon:
     raise ValueError(
         f"noise_multiplier {config.noise_multiplier:g} does not reach target_epsilon "
@@ -151,8 +159,15 @@ def check_same_config(ledger_config: DPConfig, config: DPConfig):
 
 
 def _key_data(key):
-  key = jnp.asarray(key) if not isinstance(key, jax.Array) else key
-  return jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key
+  """A copy of the key as raw key data of the default PRNG implementation."""
+  key = jnp.asarray(key)
+  if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+    default = jax.random.key_impl(jax.random.key(0))
+    if jax.random.key_impl(key) != default:
+      raise ValueError(f"the key's PRNG implementation ({jax.random.key_impl(key)}) is not the "
+                       f"default ({default}); pass a key of the default implementation")
+    key = jax.random.key_data(key)
+  return jnp.array(key, copy=True)
 
 
 def private_trainer(config: DPConfig, loss: Callable,
@@ -162,8 +177,8 @@ def private_trainer(config: DPConfig, loss: Callable,
   ``loss(params, example) -> scalar`` for one example (``gradients.nnx_loss`` adapts a Flax NNX
   model). The noisy gradient sum is divided by the expected batch size before ``optimizer``.
   A step the accounting does not allow is not taken (parameters and optimiser unchanged,
-  ``ran`` False): a Poisson batch that overflows its buffer (counted in the ledger), or, for
-  the worst-case accountant, a step beyond the planned T.
+  ``ran`` False): a Poisson batch that overflows its buffer (counted in the ledger), or, without
+  a filter (worst-case ledger, bucket counter), a step beyond the planned T.
   """
   if not isinstance(config, DPConfig):
     raise TypeError(f"config must be a DPConfig; got {type(config).__name__}")
@@ -179,17 +194,22 @@ def private_trainer(config: DPConfig, loss: Callable,
     check_data(config, loss, params, data)
     individual = None if accountant is None else accountant.init()
     ledger = Ledger(jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32), individual, config)
+    # (copies: a step that donates its state must not delete the caller's arrays)
+    params = jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), params)
     return TrainState(params, optimizer.init(params), ledger, _key_data(key))
 
   def account_all(individual, params, data, batch):
     """Poisson with a per-example accountant: every example's norm at this step (Koskela et
-    al., Sec. 5), charged in one update; the batch keeps the members the filter admits."""
+    al., Sec. 5), charged in one update; the batch keeps the members the filter admits, each
+    clipped to the norm it was charged for (the sum's pass recomputes the norms)."""
     norms = _grads.all_norms(loss, params, data, n, m) * (1.0 + _RECOMPUTE_MARGIN)
     every, listed = jnp.arange(n, dtype=jnp.int32), jnp.ones(n, bool)
+    bounds = jnp.minimum(jnp.where(jnp.isfinite(norms), norms, 0.0), config.clip_norm)
+    bounds = bounds[batch.indices]
     if filters:
       individual, _ = accountant.update(individual, norms, every, listed)
-      return individual, batch.valid & individual.active[batch.indices]
-    return accountant.update(individual, norms, every, listed), batch.valid
+      return individual, batch.valid & individual.active[batch.indices], bounds
+    return accountant.update(individual, norms, every, listed), batch.valid, bounds
 
   def weigh_in_step(carry, indices, weights, norms):
     """DP-GD with a per-example accountant: each microbatch's examples charged as they come."""
@@ -205,11 +225,12 @@ def private_trainer(config: DPConfig, loss: Callable,
     key, sample_key, noise_key = jax.random.split(state.key, 3)
     batch = sample(sample_key)
     allowed = ~batch.overflow
-    if config.accountant == "worst_case":
+    if not filters:  # (no per-example budget: the planned T is the budget)
       allowed &= ledger.steps < config.steps
-    individual, valid, weigh = ledger.individual, batch.valid, None
+    individual, valid, weigh, clip = ledger.individual, batch.valid, None, config.clip_norm
     if needs_all_norms:
-      individual, valid = account_all(individual, state.params, data, batch)
+      individual, valid, bounds = account_all(individual, state.params, data, batch)
+      clip = _grads.pad_to(bounds, m, 0.0)
     elif accountant is not None:  # DP-GD: start the step, then charge microbatch by microbatch
       empty = (jnp.zeros(1, jnp.float32), jnp.zeros(1, jnp.int32), jnp.zeros(1, bool))
       individual = accountant.update(individual, *empty, new_step=True)
@@ -219,8 +240,7 @@ def private_trainer(config: DPConfig, loss: Callable,
     weights = _grads.pad_to(valid.astype(jnp.float32), m, 0.0)
     chunks = jnp.where(allowed, (batch.size + m - 1) // m, 0)
     summed, individual, seen = _grads.private_sum(
-        loss, state.params, data, indices, weights, config.clip_norm, m, chunks, weigh,
-        individual)
+        loss, state.params, data, indices, weights, clip, m, chunks, weigh, individual)
     gradient = jax.tree_util.tree_map(lambda g: g / config.expected_batch_size,
                                       _grads.add_noise(summed, noise_key, std))
     updates, opt_state = optimizer.update(gradient, state.opt_state, state.params)
