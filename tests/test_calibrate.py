@@ -147,7 +147,8 @@ def test_gradients_match_central_differences():
     down = float(pld(*args))
     assert float(grads[i]) == pytest.approx((up - down) / (2 * h), rel=1e-4)
   by_steps = lambda t: calibrate.noise_multiplier(2.0, 1e-5, 0.01, t, accountant="spa")
-  grad_t = float(jax.grad(by_steps)(1000.0))
+  with jax.enable_x64(True):  # (compiled, in a float64 scope: op by op this took 48 s)
+    grad_t = float(jax.jit(jax.grad(by_steps))(1000.0))
   # Five-point central differences: five settings, the batch shape of the module's budgets, so
   # the programs the constant-time test compiled for them serve here.
   around = np.asarray(by_steps(1000.0 + np.arange(-2.0, 3.0)))
