@@ -6,6 +6,7 @@
     jaxacct compare --noise-multiplier 1.0 --sampling-rate 0.01 --steps 10000 --delta 1e-5
     jaxacct calibrate --epsilon 2 --delta 1e-5 --sampling-rate 0.01 --steps 1000
     jaxacct calibrate --solve-for steps --epsilon 2 --delta 1e-5 --noise-multiplier 1 --json
+    jaxacct demo --epsilon 2 --delta 1e-5 --epochs 30 --out jaxacct-demo   (needs the demo extra)
 
 Bad input prints one line on stderr and exits with status 2 (every command, ``compare`` too).
 ``--json`` prints one JSON object: a bound the method does not give is ``null``, an infinite one
@@ -70,7 +71,31 @@ def _parser() -> argparse.ArgumentParser:
   cal.add_argument("--accountant", choices=("pld", "spa", "rdp"), default="pld",
                    help="a certifying accountant: pld (default), spa, rdp")
   cal.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+  _demo_arguments(sub)
   return parser
+
+
+def _demo_arguments(sub):
+  from jaxacct.demo import DemoSettings
+  default = DemoSettings()
+  demo = sub.add_parser("demo", help="DP-SGD on scikit-learn's bundled digits with every "
+                        "example's privacy accounted in the step; plots and a summary")
+  demo.add_argument("--epsilon", type=float, default=default.epsilon,
+                    help=f"privacy budget: certified epsilon (default {default.epsilon:g})")
+  demo.add_argument("--delta", type=float, default=default.delta,
+                    help=f"delta (default {default.delta:g})")
+  demo.add_argument("--epochs", type=float, default=default.epochs,
+                    help=f"training epochs (default {default.epochs})")
+  demo.add_argument("--out", default=default.out,
+                    help=f"folder for the PNG plots and summary.json (default {default.out})")
+  demo.add_argument("--filter", action="store_true",
+                    help="train past the worst-case budget with the individual RDP filter: the "
+                         "budget is that of the first half of the steps, and an example whose "
+                         "budget is spent is retired")
+  demo.add_argument("--seed", type=int, default=default.seed,
+                    help=f"seed of the split, the model and the sampler (default {default.seed})")
+  demo.add_argument("--json", action="store_true",
+                    help="print the summary as one JSON object on stdout (no progress bar)")
 
 
 def _calibrate(jaxacct, args) -> int:
@@ -98,6 +123,20 @@ def _calibrate(jaxacct, args) -> int:
   print(f"  noise_multiplier {setting['noise_multiplier']:.10g}, sampling_rate "
         f"{setting['sampling_rate']:.10g}, steps {setting['steps']}")
   print(f"  certified upper epsilon at that value: {out['epsilon']:.6f}")
+  return 0
+
+
+def _demo(args) -> int:
+  """``jaxacct demo``: train, plot, summarise (the summary as JSON with ``--json``)."""
+  from jaxacct import demo
+  epochs = int(args.epochs) if float(args.epochs).is_integer() else args.epochs
+  settings = demo.DemoSettings(epsilon=args.epsilon, delta=args.delta, epochs=epochs,
+                               out=args.out, filtering=args.filter, seed=args.seed)
+  summary = demo.run(settings, progress=not args.json)
+  if args.json:
+    print(json.dumps(summary))
+    return 0
+  print(demo.describe(summary))
   return 0
 
 
@@ -165,6 +204,12 @@ def main(argv=None) -> int:
   _enable_compile_cache()
   import jaxacct
 
+  if args.command == "demo":
+    try:
+      return _demo(args)
+    except ValueError as err:
+      print(f"jaxacct: error: {err}", file=sys.stderr)
+      return 2
   steps = int(args.steps) if float(args.steps).is_integer() else args.steps
   setting = {"noise_multiplier": args.noise_multiplier, "sampling_rate": args.sampling_rate,
              "steps": steps, "relation": args.relation}
