@@ -163,7 +163,7 @@ def plan_run(s: DemoSettings, n: int) -> Plan:
   if s.epsilon < lowest:
     raise DemoError(
         f"epsilon {s.epsilon:g} is out of reach: {s.epochs} epochs at q = {q:.4g} need a noise "
-        f"multiplier above {SIGMA_MAX:g}, where this model learns nothing. Reachable: epsilon >= "
+        f"multiplier above {SIGMA_MAX:g}, where this model learns little. Reachable: epsilon >= "
         f"{lowest:.4g} at delta {s.delta:g} (or train fewer epochs)")
   sigma = float(jaxacct.calibrate.noise_multiplier(s.epsilon, s.delta, sampling_rate=q,
                                                    steps=budget_steps, accountant=accountant))
@@ -179,8 +179,9 @@ def plan_run(s: DemoSettings, n: int) -> Plan:
 
 @dataclasses.dataclass
 class History:
-  """Per-epoch records: steps done, test accuracy, mean training loss, worst-case epsilon of
-  the steps so far, examples active (not retired), sampled batch sizes."""
+  """Per-epoch records: steps done, test accuracy, mean training loss, epsilon spent (the
+  worst case of the steps so far; with the filter, the most any example has spent), examples
+  active (not retired)."""
 
   steps: list = dataclasses.field(default_factory=list)
   accuracy: list = dataclasses.field(default_factory=list)
@@ -207,7 +208,8 @@ def _epsilon_curve(plan, delta, epochs, steps_per_epoch):
 
 
 def train(s: DemoSettings, progress=True):
-  """Runs the demo; returns (summary dict, per-example report, data and arrays for plots)."""
+  """Runs the demo; returns (summary, each example's epsilon by method, the training data,
+  the per-epoch history)."""
   from jaxacct import training
   check_settings(s)
   check_output_folder(s.out)
@@ -223,7 +225,7 @@ def train(s: DemoSettings, progress=True):
   state = trainer.init(init_mlp(key_model), key_train, train_data)
   steps_per_epoch = plan.steps // s.epochs
   run_epoch = _epoch_runner(trainer, steps_per_epoch)
-  curve = _epsilon_curve(plan, s.delta, s.epochs, steps_per_epoch)
+  curve = None if s.filtering else _epsilon_curve(plan, s.delta, s.epochs, steps_per_epoch)
   odometer = training.step.individual_accountant(config).odometer
   history = History()
   started = time.perf_counter()
