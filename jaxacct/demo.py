@@ -226,7 +226,7 @@ def train(s: DemoSettings, progress=True):
   steps_per_epoch = plan.steps // s.epochs
   run_epoch = _epoch_runner(trainer, steps_per_epoch)
   curve = None if s.filtering else _epsilon_curve(plan, s.delta, s.epochs, steps_per_epoch)
-  odometer = training.step.individual_accountant(config).odometer
+  accountant = training.step.individual_accountant(config)
   history = History()
   started = time.perf_counter()
   bar = _progress(s.epochs, progress)
@@ -237,7 +237,8 @@ def train(s: DemoSettings, progress=True):
     history.loss.append(float(jnp.mean(metrics.loss)))
     if s.filtering:  # the filter holds each example: the most any has spent so far
       active = int(jnp.sum(state.ledger.individual.active))
-      history.epsilon.append(float(jnp.max(odometer(state.ledger.individual, s.delta))))
+      spent = np.asarray(accountant.odometer(state.ledger.individual, s.delta), np.float64)
+      history.epsilon.append(float(spent.max()))
     else:
       active = n
       history.epsilon.append(float(curve[epoch]))
@@ -248,10 +249,9 @@ def train(s: DemoSettings, progress=True):
   bar.close()
   report = training.privacy_report(state)
   if s.filtering:
-    individual = {"rdp": np.asarray(odometer(state.ledger.individual, s.delta), np.float64)}
+    individual = {"rdp": spent}  # (the last epoch's odometer: the final state's)
   else:
-    counter = training.step.individual_accountant(config)
-    per_example = counter.report(state.ledger.individual, s.delta)
+    per_example = accountant.report(state.ledger.individual, s.delta)
     individual = {"pld": per_example.epsilons("pld"), "rdp": per_example.epsilons("rdp_epsilon")}
   summary = _summary(s, plan, report, history, individual, n, time.perf_counter() - started)
   return summary, individual, train_data, history
@@ -310,13 +310,18 @@ def plot_all(summary, individual, train_data, history, out):
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  paths = [_plot_histogram(plt, summary, individual, out),
-           _plot_training(plt, summary, history, out),
-           _plot_classes(plt, summary, individual, train_data, out)]
+  figures = {"individual_epsilon.png": _plot_histogram(plt, summary, individual),
+             "training.png": _plot_training(plt, summary, history),
+             "epsilon_by_class.png": _plot_classes(plt, summary, individual, train_data)}
+  paths = []
+  for name, fig in figures.items():
+    paths.append(os.path.join(out, name))
+    fig.savefig(paths[-1], dpi=100)
+    plt.close(fig)
   return paths
 
 
-def _plot_histogram(plt, summary, individual, out):
+def _plot_histogram(plt, summary, individual):
   fig, ax = plt.subplots(figsize=(7, 4.2))
   top = max(float(np.max(v)) for v in individual.values())
   bins = np.linspace(0.0, top * 1.02, 40)
@@ -330,10 +335,10 @@ def _plot_histogram(plt, summary, individual, out):
   ax.set_title(f"Individual privacy of {summary['num_examples']} examples after "
                f"{summary['steps']} DP-SGD steps")
   ax.legend(loc="upper left")
-  return _save(fig, out, "individual_epsilon.png")
+  return fig
 
 
-def _plot_training(plt, summary, history, out):
+def _plot_training(plt, summary, history):
   fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
   axes[0].plot(history.steps, history.accuracy, marker=".")
   axes[0].set_ylabel("test accuracy")
@@ -353,10 +358,10 @@ def _plot_training(plt, summary, history, out):
     ax.set_xlabel("DP-SGD steps")
   fig.suptitle(f"sigma = {summary['noise_multiplier']:.3f}, q = {summary['sampling_rate']:.4f}")
   fig.tight_layout()
-  return _save(fig, out, "training.png")
+  return fig
 
 
-def _plot_classes(plt, summary, individual, train_data, out):
+def _plot_classes(plt, summary, individual, train_data):
   name = "pld" if "pld" in individual else "rdp"
   values = individual[name]
   labels = train_data["y"]
@@ -366,15 +371,7 @@ def _plot_classes(plt, summary, individual, train_data, out):
   ax.set_xlabel("digit class")
   ax.set_ylabel(f"individual epsilon ({name.upper()})")
   ax.set_title("Individual privacy by class")
-  return _save(fig, out, "epsilon_by_class.png")
-
-
-def _save(fig, out, name):
-  path = os.path.join(out, name)
-  fig.savefig(path, dpi=100)
-  import matplotlib.pyplot as plt
-  plt.close(fig)
-  return path
+  return fig
 
 
 def describe(summary):
