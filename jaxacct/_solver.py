@@ -41,10 +41,10 @@ def newton_in_bracket(value_and_slope, lo, hi, x0, iters=8, tol=0.0):
   xp = np if host else jnp
 
   def step(carry):
-    i, x, a, b, last, before_last, _, _ = carry
+    i, x, a0, b0, last, before_last, settled, slope = carry
     fx, dfx = value_and_slope(x)
-    a = xp.where(fx >= 0.0, x, a)
-    b = xp.where(fx <= 0.0, x, b)
+    a = xp.where(fx >= 0.0, x, a0)
+    b = xp.where(fx <= 0.0, x, b0)
     newton = x - fx / xp.where(dfx < 0.0, dfx, -1.0)
     # A converged step lands on (or a rounding error beyond) the bracket end it just moved: it
     # is kept, clamped, rather than replaced by a bisection that would undo the convergence.
@@ -54,7 +54,11 @@ def newton_in_bracket(value_and_slope, lo, hi, x0, iters=8, tol=0.0):
     x_next = xp.where(inside, xp.clip(newton, a, b), 0.5 * (a + b))
     taken = xp.where(inside, xp.abs(newton - x), 0.5 * (b - a))
     done = (taken <= tol) | (fx == 0.0)
-    return i + 1, x_next, a, b, taken, last, done, dfx
+    # An entry that has converged stays put while others iterate: its next Newton step (round-off
+    # noise) is not below half of its last (zero) one, and a bisection would throw it away.
+    keep = lambda new, old: xp.where(settled, old, new)
+    return (i + 1, keep(x_next, x), keep(a, a0), keep(b, b0), keep(taken, last),
+            keep(last, before_last), settled | done, keep(dfx, slope))
 
   lo, hi, x0 = xp.broadcast_arrays(xp.asarray(lo), xp.asarray(hi), xp.asarray(x0))
   width = hi - lo

@@ -104,22 +104,33 @@ class MixtureOfGaussians(PrivacyLoss):
     rise = xp.maximum(xp.exp(xp.minimum(target, 0.0)) - p0, 1e-300) / (1.0 - p0)
     lo = xp.where(target >= 0.0, 0.0, xp.log(xp.minimum(rise, 1.0)) / mu_min)
     lo = xp.minimum(lo, hi)
+    # Start: f(u) >= log(p0 + p_i e^{mu_i u - mu_i^2/2}) for each positive atom i, so each such
+    # two-term inverse lies right of u*; from the smallest, Newton on the convex f converges
+    # monotonically in a few steps (from hi it crawls where f is flat).
+    log_excess = target + xp.log1p(-xp.minimum(p0 * xp.exp(-target), 1.0 - F64_EPS))
+    two_term = xp.where(positive, (log_excess[..., None] - xp.where(positive, log_p, 0.0))
+                        / xp.where(positive, mu, 1.0) + 0.5 * mu, xp.inf)
+    start = xp.clip(xp.min(two_term, axis=-1), lo, hi)
     tol = 4.0 * F64_EPS * (1.0 + xp.maximum(xp.abs(lo), xp.abs(hi)))
+
+    # f's round-off: a residual below it is a root (where f is flat, its noise over the slope
+    # exceeds tol and the iteration would never settle).
+    noise = 8.0 * F64_EPS * (1.0 + xp.abs(target))
 
     def value_and_slope(u):  # decreasing in u
       value, slope = self._loss_and_slope(u, xp)
-      return target - value, -slope
+      residual = target - value
+      return xp.where(xp.abs(residual) <= noise, 0.0, residual), -slope
 
     if xp is np:
-      u = newton_in_bracket(value_and_slope, lo, hi, hi, _INVERSE_STEPS, tol)[0]
+      u = newton_in_bracket(value_and_slope, lo, hi, start, _INVERSE_STEPS, tol)[0]
     else:
-      lo, hi, tol = (jax.lax.stop_gradient(v) for v in (lo, hi, tol))
+      lo, hi, tol, start = (jax.lax.stop_gradient(v) for v in (lo, hi, tol, start))
 
-      def solve(residual, guess):
-        slope = lambda u: jax.jvp(residual, (u,), (jnp.ones_like(u),))
-        return newton_in_bracket(slope, lo, hi, guess, _INVERSE_STEPS, tol)[0]
+      def solve(_, guess):  # (no gradient flows through the iterations)
+        return newton_in_bracket(value_and_slope, lo, hi, guess, _INVERSE_STEPS, tol)[0]
 
-      u = implicit_root(lambda u: target - self._loss_and_slope(u, jnp)[0], solve, hi)
+      u = implicit_root(lambda u: target - self._loss_and_slope(u, jnp)[0], solve, start)
     return xp.where(support, u, -LOSS_BIG), support
 
   # -- the model interface ------------------------------------------------------------------
@@ -140,8 +151,14 @@ class MixtureOfGaussians(PrivacyLoss):
   def loss_range(self, log_tail, add=False):
     xp = self._xp(log_tail, add)
     z = xp.sqrt(-2.0 * log_tail)
-    mu_top = xp.max(xp.where(xp.asarray(self.probabilities) > 0.0, self._mus(xp), 0.0))
-    low, high = (self._loss_and_slope(xp.asarray(v), xp)[0] for v in (-z, mu_top + z))
+    # The mixture's mass above u is <= sum_i p_i e^{-(u - mu_i)^2 / 2}: above mu_i + z_i with
+    # p_i e^{-z_i^2 / 2} = tail / K for each atom, it is <= tail. A rare atom (a large group's
+    # top sensitivity) thus needs no z of its own, which keeps the grid short.
+    log_p = self._log_p(xp)
+    atoms = log_p.shape[-1]
+    z_atom = xp.sqrt(2.0 * xp.maximum(log_p + np.log(atoms) - log_tail, 0.0))
+    top = xp.max(xp.where(xp.isfinite(log_p), self._mus(xp) + z_atom, 0.0))
+    low, high = (self._loss_and_slope(xp.asarray(v), xp)[0] for v in (-z, xp.maximum(top, z)))
     return xp.where(add, -high, low), xp.where(add, -low, high)
 
   def loss_nodes(self, t, add=False, t_high=None, panels=None):
