@@ -8,12 +8,13 @@ Quick start::
     eps.lower, eps.estimate, eps.upper   # certified: lower <= true epsilon <= upper
 """
 
-from jaxacct import calibrate, cgf, edgeworth, gdp, individual, pld, rdp, spa
+from jaxacct import calibrate, cgf, edgeworth, gdp, group, individual, pld, rdp, spa
 from jaxacct.api import (ACCOUNTANTS, RELATIONS, compose, delta, dpsgd_composition, dpsgd_delta,
                          dpsgd_epsilon, dpsgd_plan, epsilon, make_plan)
 from jaxacct.calibrate import get_noise_multiplier
 from jaxacct.composition import Composition
 from jaxacct.dp_event import from_dp_event
+from jaxacct.group import group_delta, group_epsilon
 from jaxacct.mixture import MixtureOfGaussians
 from jaxacct.models import (EpsilonDelta, Gaussian, Laplace, PoissonSampled, PrivacyLoss, PureDP,
                             SampledGaussianReplaceOne)
@@ -27,6 +28,7 @@ __all__ = [
     "MixtureOfGaussians", "Plan", "PoissonSampled", "PrivacyLoss", "PrivacyLossDistribution",
     "PureDP", "RELATIONS", "SampledGaussianReplaceOne", "SizeCache",
     "compose", "delta", "dpsgd_composition", "dpsgd_delta", "dpsgd_epsilon", "dpsgd_plan",
-    "epsilon", "from_dp_event", "get_noise_multiplier", "make_plan", "calibrate", "cgf",
-    "edgeworth", "gdp", "individual", "pld", "rdp", "spa",
+    "epsilon", "from_dp_event", "get_noise_multiplier", "group_delta", "group_epsilon",
+    "make_plan", "calibrate", "cgf", "edgeworth", "gdp", "group", "individual", "pld", "rdp",
+    "spa",
 ]

@@ -45,6 +45,7 @@ from jaxacct._numerics import fast_jit, float64, is_traced, scoped_gradients
 from jaxacct._solver import bracket_search, implicit_root
 from jaxacct.api import RELATIONS, _dpsgd_model, dpsgd_delta, dpsgd_epsilon
 from jaxacct.composition import Composition
+from jaxacct.group import GroupSteps, group_mixture, group_sampling
 from jaxacct.pld import accountant as _pld
 from jaxacct.pld import make_plan as _pld_plan
 from jaxacct.pld.plan import stack_plans as _pld_stack
@@ -86,7 +87,10 @@ def _single(accountant, target):
 
 
 def _composition(sigma, q, steps, relation, full_batch):
-  """DP-SGD's composition from (possibly traced) parameters, with the front door's model."""
+  """DP-SGD's composition from (possibly traced) parameters, with the front door's model (a
+  ``group.GroupSteps`` relation: against groups)."""
+  if isinstance(relation, GroupSteps):
+    return relation.composition(sigma, q, steps)
   return Composition.of((_dpsgd_model(sigma, q, relation, full_batch), steps))
 
 
@@ -103,7 +107,8 @@ def _guess(unknown, target, other, sigma, q, steps, relation, target_kind):
   else:
     mu = _gdp._mu_impl(other, target)
   mu = jnp.where(jnp.isfinite(mu) & (mu > 0.0), mu, 1.0)
-  scale = 2.0 if relation == "replace_one" else 1.0
+  scale = (relation.scale if isinstance(relation, GroupSteps)
+           else 2.0 if relation == "replace_one" else 1.0)
   lo, hi = DOMAIN[unknown]
   if unknown == "noise_multiplier":
     guess = scale / jnp.sqrt(jnp.log1p(mu * mu / (q * q * steps)))
@@ -228,7 +233,8 @@ def _check(unknown, target, accountant, relation, target_value, other, known):
   check_choice("target", target, TARGETS)
   check_choice("accountant (a calibration needs a certified upper bound)", accountant,
                ACCOUNTANTS)
-  check_choice("relation", relation, RELATIONS)
+  if not isinstance(relation, GroupSteps):
+    check_choice("relation", relation, RELATIONS)
   if target == "epsilon":
     check_range("epsilon", target_value, 0.0, np.inf)
     check_delta(other)
@@ -304,6 +310,9 @@ def _front_door_upper(unknown, target, accountant, relation, flat, value):
   """The certified upper at ``value`` as ``jaxacct.dpsgd_epsilon``/``dpsgd_delta`` give it."""
   _, target_value, other, sigma, q, steps = flat
   known = {"noise_multiplier": sigma, "sampling_rate": q, "steps": steps, unknown: value}
+  if isinstance(relation, GroupSteps):
+    return np.asarray(relation.upper(target, known["noise_multiplier"], known["sampling_rate"],
+                                     known["steps"], other, accountant))
   fn = dpsgd_epsilon if target == "epsilon" else dpsgd_delta
   return np.asarray(fn(known["noise_multiplier"], known["sampling_rate"], known["steps"], other,
                        relation=relation, accountant=accountant).upper)
@@ -352,7 +361,8 @@ def _calibrate(unknown, target, accountant, relation, plan, size_cache, epsilon,
   target_value, other = _budget(target, epsilon, delta)
   _check(unknown, target, accountant, relation, target_value, other, known)
   q = known.get("sampling_rate")
-  full_batch = (q is not None and not is_traced(q) and bool(np.all(np.asarray(q) == 1.0)))
+  full_batch = (q is not None and not is_traced(q) and bool(np.all(np.asarray(q) == 1.0))
+                and not isinstance(relation, GroupSteps))
   margin = _margin(accountant, target, jnp.asarray(target_value, jnp.float64))
   shape, flat = _settings(unknown, known, target_value, other, margin)
   run = _compiled("search", unknown, accountant, target, relation, full_batch, is_traced(flat))
@@ -456,6 +466,32 @@ def steps(epsilon, delta, noise_multiplier, sampling_rate, *, target="epsilon",
 
 for _fn in (noise_multiplier, sampling_rate, steps):
   _fn.__doc__ += _TARGET_DOC
+
+
+def group_noise_multiplier(epsilon, delta, steps, group_size, *, sampling_rate=None,
+                           batch_size=None, dataset_size=None, target="epsilon",
+                           accountant="pld", size_cache=None) -> jax.Array:
+  """The smallest noise multiplier whose certified upper bound meets the budget against groups
+  of ``group_size`` examples (add or remove up to k: ``jaxacct.group_epsilon``), for DP-SGD with
+  Poisson rate ``sampling_rate``, or a fixed batch of ``batch_size`` from a dataset of at least
+  ``dataset_size``, over ``steps`` steps. ``group_size`` is one whole number (a static shape);
+  the other arguments broadcast into a batch (differentiable in the target and the rate)."""
+  check_range("group_size", group_size, 1.0, np.inf, low_open=False)
+  check_whole("group_size", group_size)
+  if np.ndim(group_size):
+    raise ValueError(f"group_size must be one whole number here; got {group_size!r}")
+  sampling = group_sampling(sampling_rate, batch_size, dataset_size)
+  if sampling == "fixed":
+    group_mixture(1.0, group_size, batch_size=batch_size, dataset_size=dataset_size)  # (checks)
+    if np.ndim(batch_size) or np.ndim(dataset_size):
+      raise ValueError("batch_size and dataset_size must be single whole numbers here")
+    spec = GroupSteps(int(group_size), int(batch_size), int(dataset_size))
+    sampling_rate = batch_size / dataset_size
+  else:
+    spec = GroupSteps(int(group_size))
+  known = {"sampling_rate": sampling_rate, "steps": steps}
+  return _calibrate("noise_multiplier", target, accountant, spec, None, size_cache, epsilon,
+                    delta, known)
 
 
 @float64

@@ -7,6 +7,9 @@
     jaxacct calibrate --epsilon 2 --delta 1e-5 --sampling-rate 0.01 --steps 1000
     jaxacct calibrate --solve-for steps --epsilon 2 --delta 1e-5 --noise-multiplier 1 --json
     jaxacct demo --epsilon 2 --delta 1e-5 --epochs 30 --out jaxacct-demo   (needs the demo extra)
+    jaxacct epsilon --group-size 4 --noise-multiplier 1 --sampling-rate 0.01 --steps 2000 \
+        --delta 1e-6                                   (group-level DP: groups of 4 examples)
+    jaxacct epsilon --group-size 4 --sampling fixed --batch-size 500 --dataset-size 50000 ...
 
 Bad input prints one line on stderr and exits with status 2 (every command, ``compare`` too).
 ``--json`` prints one JSON object: a bound the method does not give is ``null``, an infinite one
@@ -58,6 +61,8 @@ def _parser() -> argparse.ArgumentParser:
       cmd.add_argument("--method", default=None,
                        help="the accountant's estimate: clt|msd0|msd1 for spa, "
                             "order1|order2|order3 for edgeworth")
+    if name != "compare":
+      _group_arguments(cmd)
     cmd.add_argument("--json", action="store_true", help="print one JSON object on stdout")
   cal = sub.add_parser("calibrate", help="the DP-SGD parameter whose certified upper epsilon "
                        "meets a budget (noise multiplier by default)")
@@ -70,9 +75,55 @@ def _parser() -> argparse.ArgumentParser:
                    help="neighbouring relation (default add_remove)")
   cal.add_argument("--accountant", choices=("pld", "spa", "rdp"), default="pld",
                    help="a certifying accountant: pld (default), spa, rdp")
+  _group_arguments(cal)
   cal.add_argument("--json", action="store_true", help="print one JSON object on stdout")
   _demo_arguments(sub)
   return parser
+
+
+def _group_arguments(cmd):
+  """Group-level DP (Ganesh 2024): the options of ``jaxacct.group_epsilon``."""
+  cmd.add_argument("--group-size", type=float, default=None,
+                   help="account for groups of k examples (add or remove up to k) by the "
+                        "mixture-of-Gaussians accountant (default: example level)")
+  cmd.add_argument("--sampling", choices=("poisson", "fixed"), default="poisson",
+                   help="poisson (rate --sampling-rate, default) or fixed (a batch of "
+                        "--batch-size from a dataset of at least --dataset-size examples)")
+  cmd.add_argument("--batch-size", type=float, default=None, help="fixed batch size B")
+  cmd.add_argument("--dataset-size", type=float, default=None,
+                   help="n: a lower bound on the dataset's size (fixed batch)")
+
+
+def _is_group(args):
+  return args.command in ("epsilon", "delta", "calibrate") and (
+      args.group_size is not None or args.sampling == "fixed")
+
+
+def _group_options(args):
+  """The group functions' sampling keywords from the command line (checked there)."""
+  if args.sampling == "fixed":
+    if args.batch_size is None or args.dataset_size is None:
+      raise ValueError("--sampling fixed needs --batch-size and --dataset-size")
+    return {"batch_size": args.batch_size, "dataset_size": args.dataset_size}
+  if args.batch_size is not None or args.dataset_size is not None:
+    raise ValueError("--batch-size and --dataset-size go with --sampling fixed")
+  return {"sampling_rate": args.sampling_rate}
+
+
+def _group_setting(args):
+  """The setting's fields for the output (group runs)."""
+  out = {"noise_multiplier": args.noise_multiplier, "steps": _whole(args.steps),
+         "group_size": _whole(1.0 if args.group_size is None else args.group_size),
+         "sampling": args.sampling}
+  if args.sampling == "fixed":
+    out.update(batch_size=_whole(args.batch_size), dataset_size=_whole(args.dataset_size))
+  else:
+    out["sampling_rate"] = args.sampling_rate
+  return out
+
+
+def _whole(value):
+  return int(value) if value is not None and float(value).is_integer() else value
 
 
 def _demo_arguments(sub):
@@ -101,6 +152,8 @@ def _demo_arguments(sub):
 def _calibrate(jaxacct, args) -> int:
   """``jaxacct calibrate``: solve, then report the certified upper epsilon at the answer."""
   unknown = args.solve_for.replace("-", "_")
+  if _is_group(args):
+    return _calibrate_group(jaxacct, args, unknown)
   setting = {"noise_multiplier": args.noise_multiplier, "sampling_rate": args.sampling_rate,
              "steps": args.steps}
   known = {k: v for k, v in setting.items() if k != unknown}
@@ -122,6 +175,30 @@ def _calibrate(jaxacct, args) -> int:
         f"{args.delta:g} ({args.accountant} accountant, {args.relation})")
   print(f"  noise_multiplier {setting['noise_multiplier']:.10g}, sampling_rate "
         f"{setting['sampling_rate']:.10g}, steps {setting['steps']}")
+  print(f"  certified upper epsilon at that value: {out['epsilon']:.6f}")
+  return 0
+
+
+def _calibrate_group(jaxacct, args, unknown) -> int:
+  """``jaxacct calibrate --group-size k``: the noise multiplier for a group budget."""
+  if unknown != "noise_multiplier":
+    raise ValueError("against groups, calibrate solves for the noise multiplier only")
+  if args.relation != "add_remove":
+    raise ValueError("group-level DP is accounted for add/remove of up to k examples only")
+  group_size = 1.0 if args.group_size is None else args.group_size
+  options = _group_options(args)
+  sigma = float(jaxacct.calibrate.group_noise_multiplier(
+      args.epsilon, args.delta, args.steps, group_size, accountant=args.accountant, **options))
+  args.noise_multiplier = sigma
+  bounds = jaxacct.group_epsilon(sigma, args.steps, args.delta, group_size,
+                                 accountant=args.accountant, **options)
+  out = {"solve_for": unknown, **_group_setting(args), "epsilon": float(bounds.upper),
+         "target_epsilon": args.epsilon, "delta": args.delta, "accountant": args.accountant}
+  if args.json:
+    print(json.dumps(out))
+    return 0
+  print(f"noise_multiplier = {sigma:.10g} for epsilon <= {args.epsilon:g} at delta = "
+        f"{args.delta:g} against groups of {out['group_size']} ({args.accountant} accountant)")
   print(f"  certified upper epsilon at that value: {out['epsilon']:.6f}")
   return 0
 
@@ -158,6 +235,16 @@ def _query(jaxacct, args, accountant, method=None):
   common = dict(relation=args.relation, accountant=accountant, method=method)
   if accountant == "pld" or args.command != "compare":
     common["eps_error"] = args.eps_error  # (compare: the pld rows only)
+  if args.command != "compare" and _is_group(args):
+    if args.relation != "add_remove":
+      raise ValueError("group-level DP is accounted for add/remove of up to k examples only "
+                       "(see docs/group_privacy.md on replace adjacency)")
+    del common["relation"]
+    group_size = 1.0 if args.group_size is None else args.group_size
+    fn, x = ((jaxacct.group_delta, args.epsilon) if args.command == "delta"
+             else (jaxacct.group_epsilon, args.delta))
+    return fn(args.noise_multiplier, args.steps, x, group_size, **_group_options(args),
+              **common)
   if args.command == "delta":
     return jaxacct.dpsgd_delta(args.noise_multiplier, args.sampling_rate, args.steps,
                                args.epsilon, **common)
@@ -213,6 +300,8 @@ def main(argv=None) -> int:
   steps = int(args.steps) if float(args.steps).is_integer() else args.steps
   setting = {"noise_multiplier": args.noise_multiplier, "sampling_rate": args.sampling_rate,
              "steps": steps, "relation": args.relation}
+  if _is_group(args):
+    setting = {**_group_setting(args), "relation": args.relation}
   try:
     if args.command == "calibrate":
       return _calibrate(jaxacct, args)
@@ -228,7 +317,8 @@ def main(argv=None) -> int:
     print(json.dumps(out))
     return 0
   label = ", ".join(f"{k}={v}" for k, v in {**setting, **query}.items())
-  print(f"{args.command} of DP-SGD ({label}), {args.accountant} accountant:")
+  level = f" against groups of {setting['group_size']}" if _is_group(args) else ""
+  print(f"{args.command} of DP-SGD{level} ({label}), {args.accountant} accountant:")
   for key in ("lower", "estimate", "upper"):
     tag = ("   <- certified guarantee to report" if key == "upper" and _is_number(out[key])
            else "   (no guarantee)" if key == "upper" else "")
