@@ -475,7 +475,9 @@ def group_noise_multiplier(epsilon, delta, steps, group_size, *, sampling_rate=N
   of ``group_size`` examples (add or remove up to k: ``jaxacct.group_epsilon``), for DP-SGD with
   Poisson rate ``sampling_rate``, or a fixed batch of ``batch_size`` from a dataset of at least
   ``dataset_size``, over ``steps`` steps. ``group_size`` is one whole number (a static shape);
-  the other arguments broadcast into a batch (differentiable in the target and the rate)."""
+  the other arguments broadcast into a batch. With the PLD accountant the inputs must be
+  concrete (it plans its own grids); under jit/vmap/grad use ``accountant="spa"`` or ``"rdp"``
+  (implicit gradients in the target and the rate)."""
   check_range("group_size", group_size, 1.0, np.inf, low_open=False)
   check_whole("group_size", group_size)
   if np.ndim(group_size):
