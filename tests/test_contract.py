@@ -43,6 +43,11 @@ QUERIES = {
     "rdp.delta": (lambda x: jaxacct.rdp.delta(SGD(), x), "delta", "rdp"),
     "gdp.epsilon": (lambda x: jaxacct.gdp.epsilon(SGD(q=1.0), x), "epsilon", "gdp"),
     "gdp.delta": (lambda x: jaxacct.gdp.delta(SGD(q=1.0), x), "delta", "gdp"),
+    # (group level: its own model, the mixture, so no equality with the DP-SGD front door)
+    "jaxacct.group_epsilon": (lambda x: jaxacct.group_epsilon(1.0, 100, x, 2, sampling_rate=0.01),
+                              "epsilon", None),
+    "jaxacct.group_delta": (lambda x: jaxacct.group_delta(1.0, 100, x, 2, sampling_rate=0.01),
+                            "delta", None),
     "PrivacyLossDistribution.epsilon": (lambda x: _composed().epsilon(x), "epsilon", None),
     "PrivacyLossDistribution.delta": (lambda x: _composed().delta(x), "delta", None),
 }
