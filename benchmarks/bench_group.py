@@ -7,8 +7,7 @@ against groups of k = 4 examples (Ganesh 2024: MixtureOfGaussians with Binomial(
    repeated calls, each including the host-side plan) times, and the certified bracket.
 2. dp-accounting: ``MixtureOfGaussiansDpEvent`` composed T times by ``PLDAccountant``
    (discretisation 1e-4, pessimistic: its upper bound), the same epsilon query.
-3. A sweep k = 1..16 in one call (one batch, 17 padded atoms), cold and warm, against the sum
-   of single-k calls.
+3. A sweep k = 1..16 in one call (one batch, 17 padded atoms), cold and warm.
 
 Run:  python benchmarks/bench_group.py   (about 2 minutes on 2 CPU cores, mostly dp-accounting)
 """

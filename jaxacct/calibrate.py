@@ -45,7 +45,7 @@ from jaxacct._numerics import fast_jit, float64, is_traced, scoped_gradients
 from jaxacct._solver import bracket_search, implicit_root
 from jaxacct.api import RELATIONS, _dpsgd_model, dpsgd_delta, dpsgd_epsilon
 from jaxacct.composition import Composition
-from jaxacct.group import GroupSteps, group_mixture, group_sampling
+from jaxacct.group import GroupSteps, check_group_size, group_mixture, group_sampling
 from jaxacct.pld import accountant as _pld
 from jaxacct.pld import make_plan as _pld_plan
 from jaxacct.pld.plan import stack_plans as _pld_stack
@@ -477,9 +477,8 @@ def group_noise_multiplier(epsilon, delta, steps, group_size, *, sampling_rate=N
   ``dataset_size``, over ``steps`` steps. ``group_size`` is one whole number (a static shape);
   the other arguments broadcast into a batch. With the PLD accountant the inputs must be
   concrete (it plans its own grids); under jit/vmap/grad use ``accountant="spa"`` or ``"rdp"``
-  (implicit gradients in the target and the rate)."""
-  check_range("group_size", group_size, 1.0, np.inf, low_open=False)
-  check_whole("group_size", group_size)
+  (implicit gradients in the target and, for Poisson sampling, the rate)."""
+  check_group_size(group_size)
   if np.ndim(group_size):
     raise ValueError(f"group_size must be one whole number here; got {group_size!r}")
   sampling = group_sampling(sampling_rate, batch_size, dataset_size)

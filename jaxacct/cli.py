@@ -32,7 +32,7 @@ def _setting_arguments(cmd, steps, when=""):
   """The DP-SGD setting's options (``when``: a note on when they are read)."""
   cmd.add_argument("--noise-multiplier", type=float, default=1.0,
                    help=f"noise standard deviation / clip norm{when} (default 1.0)")
-  cmd.add_argument("--sampling-rate", type=float, default=0.01,
+  cmd.add_argument("--sampling-rate", type=float, default=None,
                    help=f"Poisson sampling probability q in (0, 1]{when} (default 0.01)")
   cmd.add_argument("--steps", type=float, default=steps,
                    help=f"number of steps, a whole number{when} (default {steps})")
@@ -95,8 +95,10 @@ def _group_arguments(cmd):
 
 
 def _is_group(args):
+  """Any group option given (a fixed batch is accounted by the group mixture, k = 1 by default)."""
   return args.command in ("epsilon", "delta", "calibrate") and (
-      args.group_size is not None or args.sampling == "fixed")
+      args.group_size is not None or args.sampling == "fixed" or args.batch_size is not None
+      or args.dataset_size is not None)
 
 
 def _group_options(args):
@@ -104,6 +106,9 @@ def _group_options(args):
   if args.sampling == "fixed":
     if args.batch_size is None or args.dataset_size is None:
       raise ValueError("--sampling fixed needs --batch-size and --dataset-size")
+    if args.rate_given:
+      raise ValueError("--sampling-rate goes with --sampling poisson (a fixed batch's rate is "
+                       "--batch-size / --dataset-size)")
     return {"batch_size": args.batch_size, "dataset_size": args.dataset_size}
   if args.batch_size is not None or args.dataset_size is not None:
     raise ValueError("--batch-size and --dataset-size go with --sampling fixed")
@@ -288,6 +293,9 @@ def _compare(jaxacct, args, setting):
 
 def main(argv=None) -> int:
   args = _parser().parse_args(argv)
+  if hasattr(args, "sampling_rate"):  # (None: not given; the default rate is 0.01)
+    args.rate_given = args.sampling_rate is not None
+    args.sampling_rate = 0.01 if args.sampling_rate is None else args.sampling_rate
   _enable_compile_cache()
   import jaxacct
 

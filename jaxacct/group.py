@@ -17,8 +17,8 @@ so every accountant reads them: "pld" (certified, the default), "spa", "edgewort
 Static shapes: the mixture has ``max_group_size + 1`` atoms, those above k padded with
 probability 0, so a sweep over k (and over sigma, q, steps, delta) is one batch and one compiled
 program. Weights are computed in log space from products of at most k exact terms (no
-cancellation of log-gamma values), and atoms whose weight underflows float64 (< 1e-308) carry
-no mass: they change delta by less than e^epsilon * 1e-308.
+cancellation of log-gamma values); an atom whose weight underflows float64 (~5e-324) carries
+no mass, which changes delta by less than T K e^epsilon 5e-324.
 
 Baselines, for comparison (what the mixture accounting improves on):
 
@@ -43,6 +43,8 @@ import numpy as np
 from jaxacct import api
 from jaxacct import pld as _pld
 from jaxacct import rdp as _rdp
+from jaxacct import results
+from jaxacct._batch import flatten, reshaped
 from jaxacct._inputs import check_broadcast, check_delta, check_range, check_whole
 from jaxacct._numerics import (array_namespace, as_leaf, fast_jit, float64, is_traced,
                                scoped_gradients)
@@ -94,7 +96,7 @@ def binomial_log_weights(sampling_rate, group_size, atoms):
   failures = xp.where(rest > 0, xp.where(below_one, rest * log_1mq, -xp.inf), 0.0)
   terms = xp.where(j > 0, j * log_q, 0.0) + failures
   choose = _log_choose(k, xp.where(inside, j, 0.0), atoms, xp)
-  return xp.where(inside, choose + terms, -xp.inf)
+  return _invalid_to_nan(xp.where(inside, choose + terms, -xp.inf), k, atoms, xp)
 
 
 def hypergeometric_log_weights(batch_size, dataset_size, group_size, atoms):
@@ -111,7 +113,20 @@ def hypergeometric_log_weights(batch_size, dataset_size, group_size, atoms):
   rest = xp.where(inside, k_ - m, 0.0)
   log_p = (_log_choose(b, m_in, atoms, xp) + _log_choose(n + k - b, rest, atoms, xp)
            - _log_choose(n + k, k_, atoms, xp))
-  return xp.where(inside, log_p, -xp.inf)
+  return _invalid_to_nan(xp.where(inside, log_p, -xp.inf), k, atoms, xp)
+
+
+def valid_group_size(group_size, atoms, xp=jnp):
+  """Whether k is a whole number in [1, atoms - 1] (the check a traced k cannot get at the
+  door)."""
+  k = xp.asarray(group_size, xp.float64)
+  return (k >= 1.0) & (k == xp.round(k)) & (k <= atoms - 1)
+
+
+def _invalid_to_nan(log_p, k, atoms, xp):
+  """nan weights where k is not a whole number in [1, atoms - 1]: its mass above the padded
+  atoms would otherwise be dropped silently (optimistic), so no number is given instead."""
+  return xp.where(valid_group_size(k, atoms, xp)[..., None], log_p, xp.nan)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -154,10 +169,15 @@ def _max_group_size(group_size, max_group_size):
   return k_max
 
 
-def _check_common(noise_multiplier, group_size):
-  check_range("noise_multiplier", noise_multiplier, 0.0, np.inf)
+def check_group_size(group_size):
+  """k: whole numbers >= 1 (concrete values; a traced k is checked by ``valid_group_size``)."""
   check_range("group_size", group_size, 1.0, np.inf, low_open=False)
   check_whole("group_size", group_size)
+
+
+def _check_common(noise_multiplier, group_size):
+  check_range("noise_multiplier", noise_multiplier, 0.0, np.inf)
+  check_group_size(group_size)
 
 
 def poisson_mixture(noise_multiplier, sampling_rate, group_size, *,
@@ -259,8 +279,9 @@ def group_epsilon(noise_multiplier, steps, delta, group_size, *, sampling_rate=N
   comp = group_composition(noise_multiplier, steps, group_size, sampling_rate=sampling_rate,
                            batch_size=batch_size, dataset_size=dataset_size,
                            max_group_size=max_group_size)
-  return api.epsilon(comp, delta, accountant=accountant, method=method, eps_error=eps_error,
-                     delta_error=delta_error, plan=plan)
+  out = api.epsilon(comp, delta, accountant=accountant, method=method, eps_error=eps_error,
+                    delta_error=delta_error, plan=plan)
+  return _no_guarantee_unless_valid(out, group_size, comp, jnp.inf)
 
 
 def group_delta(noise_multiplier, steps, epsilon, group_size, *, sampling_rate=None,
@@ -271,9 +292,22 @@ def group_delta(noise_multiplier, steps, epsilon, group_size, *, sampling_rate=N
   comp = group_composition(noise_multiplier, steps, group_size, sampling_rate=sampling_rate,
                            batch_size=batch_size, dataset_size=dataset_size,
                            max_group_size=max_group_size)
-  return api.delta(comp, epsilon, accountant=accountant, method=method,
-                   smallest_delta=smallest_delta, eps_error=eps_error, delta_error=delta_error,
-                   plan=plan)
+  out = api.delta(comp, epsilon, accountant=accountant, method=method,
+                  smallest_delta=smallest_delta, eps_error=eps_error, delta_error=delta_error,
+                  plan=plan)
+  return _no_guarantee_unless_valid(out, group_size, comp, 1.0)
+
+
+def _no_guarantee_unless_valid(bounds, group_size, composition, vacuous):
+  """``bounds`` where the (possibly traced) group size is valid for the mixture's atoms; else
+  no guarantee: upper ``vacuous`` (+inf for epsilon, 1 for delta), status OUT_OF_RANGE."""
+  if not is_traced(group_size):
+    return bounds  # (checked at the door)
+  atoms = composition.mechanisms[0].probabilities.shape[-1]
+  valid = jnp.broadcast_to(valid_group_size(group_size, atoms), jnp.shape(bounds.upper))
+  return Bounds(jnp.where(valid, bounds.lower, jnp.nan), jnp.where(valid, bounds.estimate, jnp.nan),
+                jnp.where(valid, bounds.upper, vacuous),
+                jnp.where(valid, bounds.status, bounds.status | results.OUT_OF_RANGE))
 
 
 def group_plan(noise_multiplier, steps, delta, group_size, *, sampling_rate=None,
@@ -297,17 +331,16 @@ class GroupSteps:
   batch_size: int | None = None
   dataset_size: int | None = None
 
-  def sampling(self):
-    """The keyword arguments of the group functions other than the rate."""
+  def sampling(self, sampling_rate):
+    """The sampling keywords of the group functions (a fixed batch ignores the rate slot)."""
     if self.batch_size is None:
-      return {}
+      return {"sampling_rate": sampling_rate}
     return {"batch_size": self.batch_size, "dataset_size": self.dataset_size}
 
   def composition(self, noise_multiplier, sampling_rate, steps) -> Composition:
     """The composition at (possibly traced) sigma, q, steps."""
-    rate = None if self.batch_size is not None else sampling_rate
-    return group_composition(noise_multiplier, steps, self.group_size, sampling_rate=rate,
-                             **self.sampling())
+    return group_composition(noise_multiplier, steps, self.group_size,
+                             **self.sampling(sampling_rate))
 
   @property
   def scale(self) -> float:
@@ -317,10 +350,9 @@ class GroupSteps:
   def upper(self, target, noise_multiplier, sampling_rate, steps, other, accountant):
     """The front door's certified upper of ``target`` ("epsilon" at delta = ``other``, or
     "delta" at epsilon = ``other``)."""
-    rate = None if self.batch_size is not None else sampling_rate
     fn = group_epsilon if target == "epsilon" else group_delta
-    return fn(noise_multiplier, steps, other, self.group_size, sampling_rate=rate,
-              accountant=accountant, **self.sampling()).upper
+    return fn(noise_multiplier, steps, other, self.group_size, accountant=accountant,
+              **self.sampling(sampling_rate)).upper
 
 
 # ----------------------------------------------------------------------------------------------
@@ -395,16 +427,14 @@ def lemma_epsilon(noise_multiplier, steps, delta, group_size, *, sampling_rate=N
                   batch_size=None, dataset_size=None) -> jax.Array:
   """The baseline: the group-privacy lemma applied to the example-level RDP guarantee (as TF
   Privacy computed group-level epsilon). A valid upper bound on the group epsilon, usually far
-  above ``group_epsilon``; +inf only when no example-level delta' >= delta e^{-1e7} works.
-  Arrays broadcast into a batch."""
+  above ``group_epsilon``; +inf when no example-level delta' on the search grid (down to
+  delta e^{-1e7}) works. Arrays broadcast into a batch. No gradient flows through the search."""
   delta, group_size = as_leaf(delta), as_leaf(group_size)
   check_delta(delta)
-  check_range("group_size", group_size, 1.0, np.inf, low_open=False)
-  check_whole("group_size", group_size)
+  check_group_size(group_size)
   comp = example_composition(noise_multiplier, steps, sampling_rate=sampling_rate,
                              batch_size=batch_size, dataset_size=dataset_size)
   comp.check(integer_counts=False)
-  from jaxacct._batch import flatten, reshaped
   flat, shape = flatten((comp, delta, group_size))
   return reshaped(_lemma_run(*flat), shape)
 
@@ -412,11 +442,11 @@ def lemma_epsilon(noise_multiplier, steps, delta, group_size, *, sampling_rate=N
 @float64
 def linear_epsilon(noise_multiplier, steps, delta, group_size, *, sampling_rate=None,
                    batch_size=None, dataset_size=None, accountant="pld") -> Bounds:
-  """k times the example-level epsilon at delta (the paper's "lower bound" line; every field of
-  the example-level ``Bounds`` multiplied by k)."""
+  """k times the example-level epsilon at delta: the paper's "lower bound" line, a reference
+  rather than a theorem. Every field of the example-level ``Bounds`` is multiplied by k, so its
+  lower/upper bracket k eps_1, not the group epsilon."""
   group_size = as_leaf(group_size)
-  check_range("group_size", group_size, 1.0, np.inf, low_open=False)
-  check_whole("group_size", group_size)
+  check_group_size(group_size)
   comp = example_composition(noise_multiplier, steps, sampling_rate=sampling_rate,
                              batch_size=batch_size, dataset_size=dataset_size)
   one = api.epsilon(comp, delta, accountant=accountant)
@@ -425,6 +455,6 @@ def linear_epsilon(noise_multiplier, steps, delta, group_size, *, sampling_rate=
                 jnp.broadcast_to(one.status, jnp.broadcast_shapes(one.status.shape, k.shape)))
 
 
-__all__ = ["GroupSteps", "binomial_log_weights", "example_composition", "fixed_batch_mixture",
+__all__ = ["GroupSteps", "check_group_size", "valid_group_size", "binomial_log_weights", "example_composition", "fixed_batch_mixture",
            "group_composition", "group_delta", "group_epsilon", "group_mixture", "group_plan",
            "hypergeometric_log_weights", "lemma_epsilon", "linear_epsilon", "poisson_mixture"]
