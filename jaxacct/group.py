@@ -12,7 +12,7 @@ in units of the clip norm (Ganesh 2024, arXiv 2401.10294):
 
 Both pairs are tight for every-iterate release (the paper's Sec. 3.3), and both adjacency
 directions are accounted; the worse is reported. The mixtures are ``MixtureOfGaussians`` models,
-so every accountant reads them: "pld" (certified, the default), "spa", "edgeworth", "rdp".
+read by the "pld" (certified, the default), "spa", "edgeworth" and "rdp" accountants (not "gdp").
 
 Static shapes: the mixture has ``max_group_size + 1`` atoms, those above k padded with
 probability 0, so a sweep over k (and over sigma, q, steps, delta) is one batch and one compiled
