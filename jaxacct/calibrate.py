@@ -45,7 +45,7 @@ from jaxacct._numerics import fast_jit, float64, is_traced, scoped_gradients
 from jaxacct._solver import bracket_search, implicit_root
 from jaxacct.api import RELATIONS, _dpsgd_model, dpsgd_delta, dpsgd_epsilon
 from jaxacct.composition import Composition
-from jaxacct.group import GroupSteps, check_group_size, group_mixture, group_sampling
+from jaxacct.group import GroupSteps, check_fixed_batch, check_group_size, group_sampling
 from jaxacct.pld import accountant as _pld
 from jaxacct.pld import make_plan as _pld_plan
 from jaxacct.pld.plan import stack_plans as _pld_stack
@@ -483,7 +483,7 @@ def group_noise_multiplier(epsilon, delta, steps, group_size, *, sampling_rate=N
     raise ValueError(f"group_size must be one whole number here; got {group_size!r}")
   sampling = group_sampling(sampling_rate, batch_size, dataset_size)
   if sampling == "fixed":
-    group_mixture(1.0, group_size, batch_size=batch_size, dataset_size=dataset_size)  # (checks)
+    check_fixed_batch(batch_size, dataset_size)
     if np.ndim(batch_size) or np.ndim(dataset_size):
       raise ValueError("batch_size and dataset_size must be single whole numbers here")
     spec = GroupSteps(int(group_size), int(batch_size), int(dataset_size))

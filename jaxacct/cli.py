@@ -305,9 +305,8 @@ def main(argv=None) -> int:
     except ValueError as err:
       print(f"jaxacct: error: {err}", file=sys.stderr)
       return 2
-  steps = int(args.steps) if float(args.steps).is_integer() else args.steps
   setting = {"noise_multiplier": args.noise_multiplier, "sampling_rate": args.sampling_rate,
-             "steps": steps, "relation": args.relation}
+             "steps": _whole(args.steps), "relation": args.relation}
   if _is_group(args):
     setting = {**_group_setting(args), "relation": args.relation}
   try:

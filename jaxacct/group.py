@@ -196,6 +196,17 @@ def poisson_mixture(noise_multiplier, sampling_rate, group_size, *,
   return _mixture(noise_multiplier, np.arange(atoms, dtype=np.float64), log_p)
 
 
+def check_fixed_batch(batch_size, dataset_size):
+  """B and n: whole numbers >= 1 with B <= n (concrete values)."""
+  for name, value in (("batch_size", batch_size), ("dataset_size", dataset_size)):
+    check_range(name, value, 1.0, np.inf, low_open=False)
+    check_whole(name, value)
+  if not is_traced((batch_size, dataset_size)) and np.any(
+      np.asarray(batch_size) > np.asarray(dataset_size)):
+    raise ValueError(f"batch_size must be <= dataset_size; got batch_size {batch_size!r} and "
+                     f"dataset_size {dataset_size!r}")
+
+
 def fixed_batch_mixture(noise_multiplier, batch_size, dataset_size, group_size, *,
                         max_group_size=None) -> MixtureOfGaussians:
   """One DP-SGD step with a fixed batch of ``batch_size`` examples drawn from a dataset of at
@@ -204,13 +215,7 @@ def fixed_batch_mixture(noise_multiplier, batch_size, dataset_size, group_size, 
   noise_multiplier, batch_size, dataset_size, group_size = map(
       as_leaf, (noise_multiplier, batch_size, dataset_size, group_size))
   _check_common(noise_multiplier, group_size)
-  for name, value in (("batch_size", batch_size), ("dataset_size", dataset_size)):
-    check_range(name, value, 1.0, np.inf, low_open=False)
-    check_whole(name, value)
-  if not is_traced((batch_size, dataset_size)) and np.any(
-      np.asarray(batch_size) > np.asarray(dataset_size)):
-    raise ValueError(f"batch_size must be <= dataset_size; got batch_size {batch_size!r} and "
-                     f"dataset_size {dataset_size!r}")
+  check_fixed_batch(batch_size, dataset_size)
   check_broadcast(noise_multiplier=noise_multiplier, batch_size=batch_size,
                   dataset_size=dataset_size, group_size=group_size)
   atoms = _max_group_size(group_size, max_group_size) + 1
@@ -389,20 +394,13 @@ def _log_geometric_sum(eps, k):
   return jnp.where(tiny, jnp.log(k), log_expm1(k * safe) - log_expm1(safe))
 
 
-def _example_rdp_epsilon(composition, log_delta):
-  """Example-level epsilon at delta' = e^{log_delta} by the RDP conversion (any log_delta)."""
-  t = _rdp._optimal_tilt(composition, _rdp._epsilon_condition(log_delta))
-  eps = _rdp._epsilon_at(_rdp._composition_cgf(composition, t)[0], t, log_delta)
-  return jnp.maximum(eps, 0.0)
-
-
 def _lemma_single(composition, delta, group_size):
   """Group epsilon by Lemma 1.1 over the example-level RDP curve, one setting: the smallest
   k eps_1(delta') (on the search grid) with log delta' + log S(eps_1(delta')) <= log delta."""
   log_delta = jnp.log(delta)
 
   def gap(s):  # >= 0: feasible
-    eps = _example_rdp_epsilon(composition, log_delta - s)
+    eps = _rdp.epsilon_at_log_delta(composition, log_delta - s)
     return s - _log_geometric_sum(eps, group_size), eps
 
   grid = jnp.asarray(_LEMMA_GRID)
@@ -455,6 +453,6 @@ def linear_epsilon(noise_multiplier, steps, delta, group_size, *, sampling_rate=
                 jnp.broadcast_to(one.status, jnp.broadcast_shapes(one.status.shape, k.shape)))
 
 
-__all__ = ["GroupSteps", "check_group_size", "valid_group_size", "binomial_log_weights", "example_composition", "fixed_batch_mixture",
+__all__ = ["GroupSteps", "check_fixed_batch", "check_group_size", "valid_group_size", "binomial_log_weights", "example_composition", "fixed_batch_mixture",
            "group_composition", "group_delta", "group_epsilon", "group_mixture", "group_plan",
            "hypergeometric_log_weights", "lemma_epsilon", "linear_epsilon", "poisson_mixture"]

@@ -198,12 +198,16 @@ def _rdp_single(composition, order):
   return _composition_cgf(composition, t, precise=True)[0] / t
 
 
-def _epsilon_single(composition, delta):
-  log_delta = jnp.log(delta)
+def epsilon_at_log_delta(composition, log_delta):
+  """The conversion's epsilon at delta = e^{log_delta}, one setting, traced (any log_delta, even
+  below float64's range: the group-privacy lemma's search reads it there)."""
   t = _optimal_tilt(composition, _epsilon_condition(log_delta))
   eps = _epsilon_at(_composition_cgf(composition, t)[0], t, log_delta)
-  # A negative value means delta(0) <= delta already.
-  return _bounds(composition, jnp.maximum(eps, 0.0))
+  return jnp.maximum(eps, 0.0)  # (a negative value means delta(0) <= delta already)
+
+
+def _epsilon_single(composition, delta):
+  return _bounds(composition, epsilon_at_log_delta(composition, jnp.log(delta)))
 
 
 def _delta_single(composition, epsilon):
