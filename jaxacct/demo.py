@@ -131,46 +131,42 @@ def accuracy(params, data):
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-  """The run's privacy parameters: q, the steps run, the steps the budget covers, sigma."""
+  """The run's privacy parameters: q, the steps run, the steps the budget covers, sigma, and the
+  training configuration that holds them."""
 
   sampling_rate: float
   steps: int
   budget_steps: int
   noise_multiplier: float
+  config: object
 
 
-def _guarantee(sigma, q, budget_steps, delta, filtering, n):
-  """The certified epsilon a run at ``sigma`` is held to: the worst case of its steps, or, when
-  filtering, the individual RDP filter's (the RDP of ``budget_steps`` worst-case steps)."""
-  import jaxacct
-  if not filtering:
-    return float(jaxacct.dpsgd_epsilon(sigma, q, budget_steps, delta).upper)
-  from jaxacct.individual import rdp_budget, rdp_filter
-  return rdp_filter(rdp_budget(sigma, q, budget_steps), 1.0, sigma, n, False,
-                    sampling_rate=q).guarantee(delta)
+def _config(s: DemoSettings, n: int, budget_steps: int, sigma: float):
+  """The run's ``training.DPConfig`` at noise multiplier ``sigma``."""
+  from jaxacct import training
+  return training.DPConfig(
+      num_examples=n, noise_multiplier=sigma, clip_norm=s.clip_norm, batch_size=s.batch_size,
+      steps=budget_steps, delta=s.delta,
+      accountant="rdp_filter" if s.filtering else "bucket_counter", microbatch_size=64)
 
 
 def plan_run(s: DemoSettings, n: int) -> Plan:
-  """Calibrates sigma (``jaxacct.calibrate``) so that the certified epsilon meets the budget;
-  refuses a budget that would need more noise than the demo can train with."""
-  import jaxacct
+  """Calibrates sigma (``training.calibrate``: the certified worst case of the run's steps, or,
+  when filtering, the individual RDP filter's guarantee, meets the budget); refuses a budget that
+  would need more noise than the demo can train with."""
+  from jaxacct import training
   q = s.batch_size / n
   steps_per_epoch = round(n / s.batch_size)
   steps = int(s.epochs) * steps_per_epoch
   budget_steps = max(1, round(s.budget_fraction * steps)) if s.filtering else steps
-  accountant = "rdp" if s.filtering else "pld"
-  lowest = _guarantee(SIGMA_MAX, q, budget_steps, s.delta, s.filtering, n)
+  lowest = training.planned_epsilon(_config(s, n, budget_steps, SIGMA_MAX))
   if s.epsilon < lowest:
     raise DemoError(
         f"epsilon {s.epsilon:g} is out of reach: {s.epochs} epochs at q = {q:.4g} need a noise "
         f"multiplier above {SIGMA_MAX:g}, where this model learns little. Reachable: epsilon >= "
         f"{lowest:.4g} at delta {s.delta:g} (or train fewer epochs)")
-  sigma = float(jaxacct.calibrate.noise_multiplier(s.epsilon, s.delta, sampling_rate=q,
-                                                   steps=budget_steps, accountant=accountant))
-  # The RDP filter converts at its own orders: raise sigma until its guarantee meets the budget.
-  while _guarantee(sigma, q, budget_steps, s.delta, s.filtering, n) > s.epsilon:
-    sigma *= 1.002
-  return Plan(q, steps, budget_steps, sigma)
+  config = training.calibrate(_config(s, n, budget_steps, SIGMA_MAX), s.epsilon)
+  return Plan(q, steps, budget_steps, config.noise_multiplier, config)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -216,10 +212,7 @@ def train(s: DemoSettings, progress=True):
   train_data, test_data = load_digits(s.seed)
   n = len(train_data["y"])
   plan = plan_run(s, n)
-  config = training.DPConfig(
-      num_examples=n, noise_multiplier=plan.noise_multiplier, clip_norm=s.clip_norm,
-      batch_size=s.batch_size, steps=plan.budget_steps, delta=s.delta,
-      accountant="rdp_filter" if s.filtering else "bucket_counter", microbatch_size=64)
+  config = plan.config
   trainer = training.private_trainer(config, example_loss, optax.adam(s.learning_rate))
   key_model, key_train = jax.random.split(jax.random.key(s.seed))
   state = trainer.init(init_mlp(key_model), key_train, train_data)
@@ -271,6 +264,7 @@ def _quantiles(values):
 def _summary(s, plan, report, history, individual, n, seconds):
   """The run's summary (JSON-ready). ``epsilon`` is the certified upper epsilon of the run:
   without filtering the worst case of its T steps, with filtering the filter's guarantee."""
+  from jaxacct.individual import COUNTER_CERTIFIES, FILTER_CERTIFIES
   worst = float(report.epsilon.upper)
   epsilon = report.guarantee if s.filtering else worst
   retired = n - history.active[-1]
@@ -293,6 +287,7 @@ def _summary(s, plan, report, history, individual, n, seconds):
       "test_accuracy": history.accuracy[-1],
       "examples_retired": retired,
       "individual_epsilon": {name: _quantiles(v) for name, v in individual.items()},
+      "individual_epsilon_certifies": FILTER_CERTIFIES if s.filtering else COUNTER_CERTIFIES,
       "train_seconds": round(seconds, 1),
       "plots": [],
   }
@@ -328,13 +323,17 @@ def _plot_histogram(plt, summary, individual):
   labels = {"pld": "PLD (per-example composition)", "rdp": "RDP (per-example, orders)"}
   for name, values in individual.items():
     ax.hist(values, bins=bins, alpha=0.6, label=labels[name])
+  adaptive = "filter's guarantee" if summary["budget_steps"] < summary["steps"] else "worst case"
   ax.axvline(summary["epsilon"], color="k", ls="--",
-             label=f"certified worst case {summary['epsilon']:.3f}")
-  ax.set_xlabel(f"individual epsilon at delta = {summary['delta']:g}")
+             label=f"{adaptive} {summary['epsilon']:.3f} (holds under adaptivity)")
+  spent = ("spent so far by the filter's ledger" if summary["budget_steps"] < summary["steps"]
+           else "realised norms taken as fixed in advance")
+  ax.set_xlabel(f"individual epsilon at delta = {summary['delta']:g} ({spent})")
   ax.set_ylabel("training examples")
   ax.set_title(f"Individual privacy of {summary['num_examples']} examples after "
                f"{summary['steps']} DP-SGD steps")
   ax.legend(loc="upper left")
+  fig.tight_layout()
   return fig
 
 
@@ -370,7 +369,9 @@ def _plot_classes(plt, summary, individual, train_data):
   ax.set_xticks(range(1, 11), [str(c) for c in range(10)])
   ax.set_xlabel("digit class")
   ax.set_ylabel(f"individual epsilon ({name.upper()})")
-  ax.set_title("Individual privacy by class")
+  ax.set_title("Individual privacy by class (realised norms taken as fixed in advance)"
+               if name == "pld" else "Individual privacy spent by class (filter's ledger)")
+  fig.tight_layout()
   return fig
 
 
@@ -391,6 +392,7 @@ def describe(summary):
   for name, qs in summary["individual_epsilon"].items():
     shown = ", ".join(f"{k} {v:.3f}" for k, v in qs.items())
     lines.append(f"individual epsilon ({name.upper()}) quantiles: {shown}")
+  lines.append(f"  {summary['individual_epsilon_certifies']}")
   lines.append(f"examples retired (budget spent): {summary['examples_retired']} of "
                f"{summary['num_examples']}")
   lines.append("plots: " + ", ".join(summary["plots"]))

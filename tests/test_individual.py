@@ -688,3 +688,128 @@ def test_states_can_be_donated_to_a_compiled_step(x64_off):
       out = step(state, norms, indices, valid)
       state = out[0] if isinstance(out, tuple) else out
     assert int(state.steps) == 3
+
+
+# ----------------------------------------------------------------------------------------------
+# Repeated indices under jit: a step never releases more of an example than it charged for
+
+
+def _pld_upper_of_steps(noise, q, steps, delta):
+  """dp-accounting's pessimistic PLD epsilon of ``steps`` steps at ``noise`` (rate q)."""
+  from dp_accounting import dp_event
+  from dp_accounting.pld import pld_privacy_accountant
+  accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+  step = dp_event.GaussianDpEvent(noise)
+  accountant.compose(step if q == 1 else dp_event.PoissonSampledDpEvent(q, step), steps)
+  return accountant.get_epsilon(delta)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: individual.gdp_filter(1.0, 1.0, 2.0, 4),
+    lambda: individual.gdp_filter(1.0, 1.0, 2.0, 4, fill_up=True),
+    lambda: individual.rdp_filter(individual.rdp_budget(2.0, 1.0, 4), 1.0, 2.0, 4)],
+    ids=["gdp", "gdp_fill_up", "rdp_q1"])
+def test_repeated_indices_under_jit_enter_once_and_are_charged_once(make, x64_off):
+  """The issue's case: indices [0, 0, 0, 1], norms 0.5, sigma 2, C 1 under jit: example 0's
+  first copy enters (charged (0.5 / 1)^2 clipped units), its copies do not."""
+  f = make()
+  update = jax.jit(f.update, static_argnames="new_step")
+  state, active = update(f.init(), jnp.full(4, 0.5), jnp.array([0, 0, 0, 1]), jnp.ones(4, bool))
+  assert np.asarray(active).astype(float).tolist() == [1.0, 0.0, 0.0, 1.0]
+  one_copy = np.asarray(update(f.init(), jnp.full(1, 0.5), jnp.array([0]),
+                               jnp.ones(1, bool))[0].spent)[0]
+  np.testing.assert_array_equal(np.asarray(state.spent)[0], one_copy)
+  # a later update of the same step (another microbatch) lists example 0 again: refused, free
+  again, active = update(state, jnp.full(2, 0.5), jnp.array([0, 2]), jnp.ones(2, bool),
+                         new_step=False)
+  assert np.asarray(active).astype(float).tolist() == [0.0, 1.0]
+  np.testing.assert_array_equal(np.asarray(again.spent)[0], one_copy)
+  # the next step admits it again, once
+  _, active = update(again, jnp.full(2, 0.5), jnp.array([0, 0]), jnp.ones(2, bool))
+  assert np.asarray(active).astype(float).tolist() == [1.0, 0.0]
+  with pytest.raises(ValueError, match="at most once"):  # concrete input is refused
+    f.update(state, jnp.full(1, 0.5), jnp.array([0]), jnp.ones(1, bool), new_step=False)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1))
+def test_filters_never_admit_more_than_they_charge_whatever_the_indices(seed):
+  """Random batches with repeated, out-of-range and padded indices, split over microbatches,
+  under jit: per step an example is active at most once, and its recorded spending grows by at
+  least the charge of the copy admitted (the GDP filter's clipped square, exactly)."""
+  rng = np.random.default_rng(seed)
+  n, size = 6, 5
+  f = individual.gdp_filter(3.0, 1.0, 1.0, n)
+  update = jax.jit(f.update, static_argnames="new_step")
+  state = f.init()
+  for _ in range(4):
+    admitted = np.zeros(n, int)
+    for part in range(2):
+      indices = rng.integers(-1, n + 1, size)
+      norms = rng.uniform(0.0, 2.0, size).astype(np.float32)
+      valid = rng.random(size) < 0.8
+      before = np.asarray(state.spent, np.float64) + np.asarray(state.spent_low, np.float64)
+      state, active = update(state, jnp.asarray(norms), jnp.asarray(indices), jnp.asarray(valid),
+                             new_step=part == 0)
+      active = np.asarray(active)
+      after = np.asarray(state.spent, np.float64) + np.asarray(state.spent_low, np.float64)
+      for i in range(n):
+        mine = active & (indices == i)
+        admitted[i] += mine.sum()
+        charged = sum(min(float(g), 1.0) ** 2 for g in norms[mine])
+        assert after[i] - before[i] >= charged * (1 - 1e-6)
+      assert not np.any(active & ~valid) and not np.any(active & ((indices < 0) | (indices >= n)))
+    assert admitted.max() <= 1
+
+
+def test_subsampled_rdp_filter_charges_the_largest_copy(x64_off):
+  """q < 1: the listing bounds each example's norm; an example listed twice is charged the
+  larger of its copies' charges, and only its first copy is returned active."""
+  f = individual.rdp_filter(individual.rdp_budget(2.0, 0.1, 10), 1.0, 2.0, 3, sampling_rate=0.1)
+  update = jax.jit(f.update)
+  state, active = update(f.init(), jnp.array([0.1, 0.9, 0.2]), jnp.array([0, 0, 1]),
+                         jnp.ones(3, bool))
+  assert np.asarray(active).tolist() == [True, False, True]
+  large, _ = update(f.init(), jnp.array([0.9]), jnp.array([0]), jnp.ones(1, bool))
+  np.testing.assert_array_equal(np.asarray(state.spent)[0], np.asarray(large.spent)[0])
+
+
+def test_bucket_counter_counts_an_example_once_per_step_under_jit(x64_off):
+  """The issue's case with q < 1: three jitted steps listing [0, 0, 0, 1] count example 0 three
+  times, not nine; its RDP odometer stays above dp-accounting's PLD of three steps at its noise
+  ratio sigma C / 0.5 (the counts can never go negative)."""
+  q, sigma = 0.1, 2.0
+  counter = individual.bucket_counter(sigma, 1.0, q, 4)
+  update = jax.jit(counter.update)
+  state = counter.init()
+  for _ in range(3):
+    state = update(state, jnp.full(4, 0.5), jnp.array([0, 0, 0, 1]), jnp.ones(4, bool))
+  assert np.asarray(state.counts).sum(axis=1).tolist() == [3, 3, 0, 0]
+  eps = np.asarray(counter.odometer(state, 1e-5))
+  honest = _pld_upper_of_steps(sigma / 0.5, q, 3, 1e-5)
+  assert honest > 0.17  # (before: example 0's odometer read 0.0)
+  assert eps[0] >= honest and eps[0] == eps[1]
+  report = counter.report(state, 1e-5)
+  assert report.pld.upper[0] >= honest * (1 - 1e-3) and np.all(np.isfinite(report.pld.upper))
+
+
+def test_bucket_counter_at_q_1_voids_an_example_listed_twice(x64_off):
+  """q = 1 (the listed examples are the step's sum): two copies of an example are a
+  sensitivity the grid cannot hold, so the example gets no guarantee (+inf), never less."""
+  counter = individual.bucket_counter(2.0, 1.0, 1.0, 3)
+  state = jax.jit(counter.update)(counter.init(), jnp.full(3, 0.5), jnp.array([0, 0, 1]),
+                                  jnp.ones(3, bool))
+  assert np.asarray(state.repeated).tolist() == [True, False, False]
+  eps = np.asarray(counter.odometer(state, 1e-5))
+  assert np.isinf(eps[0]) and np.isfinite(eps[1])
+  report = counter.report(state, 1e-5)
+  assert np.isinf(report.pld.upper[0]) and np.isinf(report.rdp_epsilon[0])
+  assert np.isfinite(report.pld.upper[1])
+
+
+@pytest.mark.parametrize("counts, steps, message", [
+    ([[2, 0], [-1, 1]], 3, ">= 0"), ([[3, 2], [0, 0]], 4, "at most once per step"),
+    ([[0.5, 0], [0, 0]], 4, "whole"), ([[1, 0, 0]], 4, "one column per grid noise")])
+def test_per_example_privacy_refuses_impossible_counts(counts, steps, message):
+  with pytest.raises(ValueError, match=message):
+    individual.per_example_privacy(np.asarray(counts), steps, [2.0, 3.0], 0.1, 1e-5)

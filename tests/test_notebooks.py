@@ -4,6 +4,7 @@ the committed copies keep their outputs, so they render with their plots."""
 
 import os
 import pathlib
+import re
 import sys
 
 import nbclient
@@ -13,8 +14,21 @@ import pytest
 NOTEBOOKS = sorted((pathlib.Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 
 
-def test_there_are_notebooks():
-  assert NOTEBOOKS, "notebooks/ holds no notebook"
+# Each notebook and the least number of numbers it asserts (against dp-accounting,
+# prv-accountant, closed forms, scipy root finds, central differences, the digests' values).
+ASSERTED = {"accountants.ipynb": 20, "calibration.ipynb": 8, "group_privacy.ipynb": 10,
+            "individual_accounting.ipynb": 10}
+
+
+def test_each_notebook_asserts_its_key_numbers():
+  """The four notebooks are there, and each asserts its key numbers (a notebook whose asserts
+  were dropped, or a new one without any, fails here before it is run)."""
+  assert {path.name for path in NOTEBOOKS} == set(ASSERTED)
+  for path in NOTEBOOKS:
+    code = "\n".join(cell.source for cell in nbformat.read(path, as_version=4).cells
+                     if cell.cell_type == "code")
+    asserts = len(re.findall(r"^\s*assert\b", code, re.M))
+    assert asserts >= ASSERTED[path.name], f"{path.name} asserts {asserts} numbers"
 
 
 @pytest.mark.slow

@@ -2,9 +2,12 @@
 examples, the samplers' distributions, the reported epsilon against independent references,
 checkpoints (exact resume, mismatched restore, a crash mid-save) and bad input."""
 
+import dataclasses
 import functools
+import json
 import math
 import os
+import pathlib
 import subprocess
 import sys
 import textwrap
@@ -17,7 +20,7 @@ import pytest
 from scipy import stats
 
 import jaxacct
-from jaxacct import training
+from jaxacct import individual, training
 from jaxacct.training import gradients
 from conftest import gaussian_epsilon
 
@@ -234,6 +237,11 @@ def test_worst_case_epsilon_of_each_sampler():
   want = jaxacct.dpsgd_epsilon(1.3, 24 / N, 7, 1e-5)  # the same plan: bit for bit
   assert report.steps == 7 and float(report.epsilon.upper) == float(want.upper)
   assert report.individual is None and report.guarantee is None
+  accountant = dpl.PLDAccountant()  # and an independent one (its value is pessimistic)
+  accountant.compose(E.PoissonSampledDpEvent(24 / N, E.GaussianDpEvent(1.3)), 7)
+  ref = accountant.get_epsilon(1e-5)
+  assert report.epsilon.lower <= ref * (1 + 1e-9)
+  assert ref * (1 - 2e-3) <= report.epsilon.upper <= ref * 1.02 + 1e-3
 
   full = _config(sampler="full", steps=4)
   exact = gaussian_epsilon(1e-5, 2 / 1.3)
@@ -317,6 +325,11 @@ def test_poisson_with_rdp_filter_and_counter():
   for q in report_f.individual:
     assert report_c.individual[q] == pytest.approx(report_f.individual[q], rel=2e-2)
   assert report_f.active == N
+  # what the individual figures certify, said where they appear
+  assert report_f.certifies == individual.FILTER_CERTIFIES and "full adaptivity" in str(report_f)
+  assert report_c.certifies == individual.COUNTER_CERTIFIES
+  assert "as if it had been fixed in advance" in str(report_c)
+  assert training.privacy_report(_run(_config(), 1)[0]).certifies is None
   # run on past T: the filter refuses the examples that spent their budget, sampled or not
   step = _trainer(_config(accountant="rdp_filter", steps=6))[1]
   refused_seen = False
@@ -512,3 +525,138 @@ def test_readme_training_example_runs():
   assert float(report.epsilon.upper) == float(jaxacct.dpsgd_epsilon(1.0, 0.05, 300, 1e-5).upper)
   logits = data["x"] @ np.asarray(state.params["w"]) + np.asarray(state.params["b"])
   assert np.mean(np.argmax(logits, axis=1) == data["y"]) > 0.85
+
+
+def test_private_aggregate_keeps_its_weights_inside_a_chain():
+  """The issue's case: per-example grads [[1, 0], [0, 1], [100, 0]], weights [1, 1, 0], clip 1,
+  inside optax.chain(private_aggregate, sgd(1)): the weight-0 row adds nothing (-1, -1), also
+  compiled and when the row is not finite."""
+  grads = {"w": jnp.array([[1.0, 0.0], [0.0, 1.0], [100.0, 0.0]])}
+  chain = optax.chain(training.private_aggregate(1.0, 1e-7, jax.random.PRNGKey(0)),
+                      optax.sgd(1.0))
+  state = chain.init({"w": jnp.zeros(2)})
+  weights = jnp.array([1.0, 1.0, 0.0])
+  for update in (chain.update, jax.jit(chain.update)):
+    out, _ = update(grads, state, weights=weights)
+    np.testing.assert_allclose(np.asarray(out["w"]), [-1.0, -1.0], atol=1e-5)
+  nan_row = {"w": grads["w"].at[2].set(jnp.nan)}
+  out, _ = chain.update(nan_row, state, weights=weights)
+  np.testing.assert_allclose(np.asarray(out["w"]), [-1.0, -1.0], atol=1e-5)
+  out, _ = chain.update(grads, state)  # no weights: every row, each clipped to 1
+  np.testing.assert_allclose(np.asarray(out["w"]), [-2.0, -1.0], atol=1e-5)
+
+
+@pytest.mark.parametrize("changes", [dict(), dict(sampler="full", accountant="gdp_filter")],
+                         ids=["poisson", "full_gdp_filter"])
+def test_step_runs_without_jit_on_host_data(changes):
+  """trainer.step called eagerly with numpy data gives the compiled step's result."""
+  config = _config(**changes)
+  trainer, step = _trainer(config)
+  host = jax.tree_util.tree_map(np.asarray, _data())
+  state = trainer.init(_params(), jax.random.PRNGKey(7), host)
+  eager, metrics = trainer.step(state, host)
+  compiled, _ = step(state, _data())
+  assert bool(metrics.ran)
+  for a, b in zip(jax.tree_util.tree_leaves(eager), jax.tree_util.tree_leaves(compiled)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+def _ledger_file(directory, step):
+  return pathlib.Path(directory) / str(step) / "ledger" / "metadata"
+
+
+def _edit_ledger(directory, step, edit):
+  """Rewrites a saved ledger description as another library version might have written it."""
+  path = _ledger_file(directory, step)
+  described = json.loads(path.read_text())
+  edit(described)
+  path.write_text(json.dumps(described))
+
+
+@pytest.mark.parametrize("accountant, edit, field", [
+    ("rdp_filter", lambda d: d["accountant"].update(orders=d["accountant"]["orders"][:-1]),
+     "orders"),
+    ("rdp_filter", lambda d: d["accountant"].update(rtol=1e-6), "rtol"),
+    ("rdp_filter", lambda d: d.update(format=1), "format"),
+    ("bucket_counter", lambda d: d["accountant"].update(
+        sigma_grid=[2 * s for s in d["accountant"]["sigma_grid"]]), "sigma_grid")])
+def test_checkpoint_of_a_ledger_kept_otherwise_is_refused(tmp_path, accountant, edit, field):
+  config = _config(accountant=accountant, steps=3)
+  state, _ = _run(config, 1)
+  training.save_checkpoint(tmp_path, state)
+  target = _trainer(config)[0].init(_params(), jax.random.PRNGKey(0), _data())
+  assert int(training.restore_checkpoint(tmp_path, target).ledger.steps) == 1
+  _edit_ledger(tmp_path, 1, edit)
+  with pytest.raises(ValueError, match=field):
+    training.restore_checkpoint(tmp_path, target)
+
+
+def test_float64_ledger_is_not_rounded_into_a_float32_run(tmp_path, x64_off):
+  """A float64 rdp_filter ledger saved by an x64 run and restored into a float32 run would be
+  rounded to nearest (recorded spending lowered): refused, naming the dtype."""
+  config = _config(accountant="rdp_filter", steps=3, noise_multiplier=1.31)
+  with jax.enable_x64(True):
+    trainer = training.private_trainer(config, _loss, optax.sgd(0.3))
+    state = trainer.init(_params(), jax.random.PRNGKey(7), _data())
+    state, _ = jax.jit(trainer.step)(state, _data())
+    assert state.ledger.individual.spent.dtype == jnp.float64
+    training.save_checkpoint(tmp_path, state)
+  trainer = training.private_trainer(config, _loss, optax.sgd(0.3))
+  target = trainer.init(_params(), jax.random.PRNGKey(7), _data())
+  assert target.ledger.individual.spent.dtype == jnp.float32
+  with pytest.raises(ValueError, match="dtype: 'float64' vs 'float32'"):
+    training.restore_checkpoint(tmp_path, target)
+
+
+@pytest.mark.parametrize("damage", ["state", "config", "ledger"])
+def test_damaged_checkpoint_is_refused_with_a_value_error(tmp_path, damage):
+  config = _config(steps=3)
+  state, _ = _run(config, 1)
+  training.save_checkpoint(tmp_path, state)
+  item = tmp_path / "1" / damage
+  if damage == "state":  # the array data deleted
+    for path in item.rglob("*"):
+      if path.is_file() and path.parent.name == "d":
+        path.unlink()
+  else:  # the JSON garbled
+    (item / "metadata").write_text("{not json")
+  target = _trainer(config)[0].init(_params(), jax.random.PRNGKey(0), _data())
+  with pytest.raises(ValueError, match="cannot be read"):
+    training.restore_checkpoint(tmp_path, target)
+
+
+def test_calibrate_meets_a_fixed_batch_runs_own_target():
+  """The fixed-size sampler is accounted at sensitivity 2: its calibrated sigma certifies the
+  target (checked against dp-accounting's PLD of the Poisson-subsampled Gaussian at sigma / 2),
+  about twice what Poisson DP-SGD at the same rate needs; the trainer accepts it."""
+  from dp_accounting import dp_event as E, pld as dpl
+  config = _config(sampler="fixed", steps=40)
+  tuned = training.calibrate(config, 2.0)
+  planned = training.planned_epsilon(tuned)
+  assert 0.99 * 2.0 < planned <= 2.0 and tuned.target_epsilon == 2.0
+  accountant = dpl.PLDAccountant(value_discretization_interval=1e-4)
+  accountant.compose(E.PoissonSampledDpEvent(0.25, E.GaussianDpEvent(
+      tuned.noise_multiplier / 2)), 40)
+  assert accountant.get_epsilon(1e-5) == pytest.approx(planned, rel=2e-3)
+  poisson = float(jaxacct.calibrate.noise_multiplier(2.0, 1e-5, 0.25, 40))
+  assert tuned.noise_multiplier > 1.8 * poisson
+  training.private_trainer(tuned, _loss, optax.sgd(0.1))  # check_budget passes
+  with pytest.raises(ValueError, match=r"training.calibrate\(config, 2\)"):
+    training.private_trainer(dataclasses.replace(tuned, noise_multiplier=poisson), _loss,
+                             optax.sgd(0.1))
+
+
+def test_calibrate_meets_the_rdp_filters_guarantee():
+  """With the RDP filter the run certifies the filter's guarantee (its RDP at its orders,
+  converted): equal to dp-accounting's RDP accountant at those orders, <= the target."""
+  from dp_accounting import dp_event as E
+  from dp_accounting.rdp import rdp_privacy_accountant
+  tuned = training.calibrate(_config(accountant="rdp_filter", steps=30), 1.5)
+  planned = training.planned_epsilon(tuned)
+  assert 0.99 * 1.5 < planned <= 1.5
+  accountant = rdp_privacy_accountant.RdpAccountant(orders=list(individual.DEFAULT_ORDERS))
+  accountant.compose(E.PoissonSampledDpEvent(0.25, E.GaussianDpEvent(tuned.noise_multiplier)),
+                     30)
+  assert accountant.get_epsilon(1e-5) == pytest.approx(planned, rel=1e-5)
+  with pytest.raises(ValueError, match="target_epsilon"):
+    training.calibrate(tuned, 0.0)

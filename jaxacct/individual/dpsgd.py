@@ -14,6 +14,12 @@ go in chunks (memory ~ the chunk), each split across the local devices (``shard_
 As for ``rdp_filter`` with q < 1: a step costs every example privacy whether or not it is
 sampled, so list examples chosen independently of the step's batch (their norms at the step's
 parameters, typically all N); the steps an example is not listed count as clipped (worst case).
+
+A step is one ``update``, and an example is counted at most once in it. Listed twice under
+``jit`` (concrete input raises): with q < 1, where the listing bounds each example's norm, it is
+counted once at the larger of its norms; with q = 1, where the listed examples are the step's sum,
+its copies' sum is a sensitivity the grid cannot hold, so the example is marked ``repeated``:
+it has no guarantee (its epsilons are +inf).
 """
 
 from __future__ import annotations
@@ -36,13 +42,14 @@ from jaxacct.composition import Composition
 from jaxacct.individual import _directed, _grid
 from jaxacct.individual.filters import (DEFAULT_ORDERS, _check_count, _check_rate,
                                         _checked_batch, _dtype, _ledger_norms, _positive,
-                                        _rdp_odometer, _rounded_step_rdp, _step_rdp, rdp_epsilon)
+                                        _rdp_odometer, _rounded_step_rdp, _step_rdp, first_copies,
+                                        rdp_epsilon)
 from jaxacct.individual._directed import host_round
 from jaxacct.pld import accountant as _pld
 from jaxacct.pld import plan as _plan
 from jaxacct.pld import query, spectrum
 from jaxacct.pld.distribution import PrivacyLossDistribution
-from jaxacct.results import Bounds
+from jaxacct.results import OUT_OF_RANGE, Bounds
 
 # dp-accounting's default Renyi orders, for the RDP figure of the same sequence.
 RDP_ORDERS = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(11, 64))
@@ -65,13 +72,22 @@ MEANING = {
 }
 
 
+# What a per-example epsilon of the bucket counter certifies, said where the figure appears.
+CERTIFIES = ("An individual epsilon certifies the example's realised sequence of gradient norms as "
+             "if it had been fixed in advance, not training that adapts to the data; the "
+             "guarantee that holds under full adaptivity is the run's worst-case epsilon (or an "
+             "individual filter's).")
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class BucketState:
-  """Per-example counts of steps at each grid noise ([N, grid] int32) and the steps taken."""
+  """Per-example counts of steps at each grid noise ([N, grid] int32), the steps taken, and the
+  examples listed twice in one step with q = 1 ([N] bool: no guarantee, module docstring)."""
 
   counts: jax.Array
   steps: jax.Array
+  repeated: jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,14 +118,16 @@ class PerExample:
 
 
 class BucketCounter(NamedTuple):
-  """``init()``; ``update(state, norms, indices, valid)`` -> state (in the step);
+  """``init()``; ``update(state, norms, indices, valid)`` -> state (one call per step);
   ``report(state, delta)`` -> ``PerExample`` (on the host, compiled per chunk);
-  ``odometer(state, delta)`` -> each example's RDP epsilon so far (jit-able, to log)."""
+  ``odometer(state, delta)`` -> each example's RDP epsilon so far (jit-able, to log); ``spec``:
+  what gives the counts their meaning (the noise grid, the norms' dtype), as JSON values."""
 
   init: Callable
   update: Callable
   report: Callable
   odometer: Callable
+  spec: dict
 
 
 def bucket_counter(noise_multiplier, clip_norm, sampling_rate, num_examples, *, sigma_grid=None,
@@ -131,19 +149,31 @@ def bucket_counter(noise_multiplier, clip_norm, sampling_rate, num_examples, *, 
   clip = host_round(float(clip_norm), dtype, -1)
 
   def init():
-    return BucketState(jnp.zeros((num_examples, grid.size), jnp.int32), jnp.zeros((), jnp.int32))
+    return BucketState(jnp.zeros((num_examples, grid.size), jnp.int32), jnp.zeros((), jnp.int32),
+                       jnp.zeros(num_examples, bool))
 
-  def update(state, norms, indices, valid, new_step=True):
+  def update(state, norms, indices, valid):
+    """One step: each listed example's noise ratio counted (module docstring for copies)."""
     norms, indices, valid = _checked_batch(norms, indices, valid, num_examples)
     ratio = _directed.clipped_ratio(_ledger_norms(norms, dtype), clip)
-    column = _grid.bucket(ratio, thresholds)
-    rows = jnp.where(valid & (indices >= 0), indices, num_examples)
-    counts = state.counts.at[rows, column].add(1, mode="drop")
-    return BucketState(counts, state.steps + 1 if new_step else state.steps)
+    first = first_copies(indices, valid, num_examples)
+    listed = valid & (indices >= 0) & (indices < num_examples)
+    rows = jnp.where(listed, indices, num_examples)
+    # Each example's smallest noise among its copies (the grid's columns rise with the noise).
+    column = jnp.full(num_examples + 1, grid.size, jnp.int32).at[rows].min(
+        _grid.bucket(ratio, thresholds).astype(jnp.int32))
+    counts = state.counts.at[jnp.where(first, indices, num_examples),
+                             column[rows]].add(1, mode="drop")
+    repeated = state.repeated
+    if q == 1:
+      repeated = repeated.at[jnp.where(listed & ~first, indices, num_examples)].set(
+          True, mode="drop")
+    return BucketState(counts, state.steps + 1, repeated)
 
   def report(state, delta, *, tail_delta=None, eps_error=0.01, chunk=256):
     return per_example_privacy(np.asarray(state.counts), int(state.steps), grid, q, delta,
-                               tail_delta=tail_delta, eps_error=eps_error, chunk=chunk)
+                               tail_delta=tail_delta, eps_error=eps_error, chunk=chunk,
+                               repeated=np.asarray(state.repeated))
 
   def odometer(state, delta):
     """Each example's epsilon so far by RDP at ``DEFAULT_ORDERS`` (steps it was not listed at the
@@ -153,12 +183,18 @@ def bucket_counter(noise_multiplier, clip_norm, sampling_rate, num_examples, *, 
     orders = np.asarray(DEFAULT_ORDERS, np.float64)
     table = _odometer_table(tuple(grid.tolist()), q, np.dtype(dtype))
     counts = state.counts.astype(dtype)
+    listed = jnp.sum(state.counts, axis=1)
     if q < 1:
-      counts = counts.at[:, 0].add(state.steps.astype(dtype) - jnp.sum(counts, axis=1))
+      unlisted = jnp.maximum(state.steps - listed, 0)
+      counts = counts.at[:, 0].add(unlisted.astype(dtype))
     spent = (counts @ jnp.asarray(table)) * (1 + 4 * (grid.size + 2) * float(jnp.finfo(dtype).eps))
-    return jnp.where(state.steps == 0, 0.0, _rdp_odometer(spent, orders, float(delta)))
+    eps = jnp.where(state.steps == 0, 0.0, _rdp_odometer(spent, orders, float(delta)))
+    impossible = state.repeated | (listed > state.steps) | jnp.any(state.counts < 0, axis=1)
+    return jnp.where(impossible, jnp.inf, eps)
 
-  return BucketCounter(init, update, report, odometer)
+  spec = dict(accountant="bucket_counter", dtype=np.dtype(dtype).name, sampling_rate=q,
+              sigma_grid=grid.tolist())
+  return BucketCounter(init, update, report, odometer, spec)
 
 
 @functools.lru_cache(maxsize=8)
@@ -289,18 +325,44 @@ def _sharded_chunk(devices):
   return run, jax.NamedSharding(mesh, spec), jax.NamedSharding(mesh, whole)
 
 
+def checked_counts(counts, steps, grid_size):
+  """Bucket counts as int64 [N, grid]; ValueError unless they are whole, >= 0 and no example is
+  counted more often than the steps taken (a ledger that cannot arise from one count per
+  example and step)."""
+  if not (isinstance(steps, (int, np.integer)) and not isinstance(steps, bool) and steps >= 0):
+    raise ValueError(f"steps must be an integer >= 0; got {steps!r}")
+  values = np.asarray(counts)
+  if values.ndim != 2 or values.shape[1] != grid_size:
+    raise ValueError(f"counts must be [examples, {grid_size}] (one column per grid noise); got "
+                     f"shape {values.shape}")
+  whole = np.issubdtype(values.dtype, np.integer) or (
+      np.issubdtype(values.dtype, np.floating) and np.all(values == np.round(values)))
+  if not whole:
+    raise ValueError("counts must be whole numbers of steps")
+  values = values.astype(np.int64)
+  if np.any(values < 0):
+    raise ValueError(f"counts must be >= 0; examples {np.flatnonzero(np.any(values < 0, 1))[:4]}"
+                     " have negative counts")
+  over = np.flatnonzero(values.sum(axis=1) > steps)
+  if over.size:
+    raise ValueError(f"examples {over[:4]} are counted {values.sum(axis=1)[over[:4]]} times in "
+                     f"{steps} steps: an example is counted at most once per step")
+  return values
+
+
 @float64
 def per_example_privacy(counts, steps, sigma_grid, sampling_rate, delta, *, tail_delta=None,
-                        eps_error=0.01, chunk=256, devices=None) -> PerExample:
+                        eps_error=0.01, chunk=256, devices=None, repeated=None) -> PerExample:
   """The per-example report from bucket counts ([N, grid] ints), the steps taken, the grid and
   the sampling rate (q < 1: steps an example was not listed count at the grid's first noise).
+  ``repeated`` ([N] bool, the counter's): examples without a guarantee, reported +inf.
 
   Examples are composed ``chunk`` at a time (memory ~ chunk, not N), each chunk split across
   ``devices`` (default: all local devices; on CPU, several with
   ``XLA_FLAGS=--xla_force_host_platform_device_count=K`` set before jax is imported)."""
   devices = tuple(jax.local_devices() if devices is None else devices)
-  counts = np.array(counts, np.int64)
   grid = np.asarray(sigma_grid, np.float64)
+  counts = checked_counts(counts, steps, grid.size)
   q = float(sampling_rate)
   if q < 1:
     counts[:, 0] += steps - counts.sum(axis=1)
@@ -346,8 +408,21 @@ def per_example_privacy(counts, steps, sigma_grid, sampling_rate, delta, *, tail
   gdp_rdp = _rdp_route(mus, delta)
   table = _rdp_table(grid, q)
   rdp_eps = rdp_epsilon(counts @ table, RDP_ORDERS, delta)
-  return PerExample(bounds, mus, np.where(np.isfinite(mus), gdp_eps, np.inf), gdp_rdp, rdp_eps,
-                    float(delta), tail_delta, float(eps_points[-1]))
+  fields = (bounds, mus, np.where(np.isfinite(mus), gdp_eps, np.inf), gdp_rdp, rdp_eps)
+  if repeated is not None:
+    fields = _without_guarantee(fields, np.asarray(repeated, bool))
+  return PerExample(*fields, float(delta), tail_delta, float(eps_points[-1]))
+
+
+def _without_guarantee(fields, repeated):
+  """The report's fields with the ``repeated`` examples' epsilons (and mu) +inf, their lower
+  bounds nan and their status OUT_OF_RANGE."""
+  bounds, *rest = fields
+  inf = lambda a: np.where(repeated, np.inf, a)
+  bounds = Bounds(np.where(repeated, np.nan, bounds.lower), inf(bounds.estimate),
+                  inf(bounds.upper), np.where(repeated, bounds.status | OUT_OF_RANGE,
+                                              bounds.status))
+  return (bounds,) + tuple(inf(a) for a in rest)
 
 
 def _worst_epsilon(sigma, q, steps, delta, plan):
@@ -375,5 +450,5 @@ def _rdp_table_cached(grid, q):
   return _step_rdp(grid, q, np.asarray(RDP_ORDERS, np.float64))
 
 
-__all__ = ["BucketCounter", "BucketState", "MEANING", "PerExample", "bucket_counter",
-           "per_example_privacy"]
+__all__ = ["BucketCounter", "BucketState", "CERTIFIES", "MEANING", "PerExample", "bucket_counter",
+           "checked_counts", "per_example_privacy"]

@@ -14,6 +14,10 @@ Both are Optax-style: a function of the hyper-parameters returns pure ``init``/`
 functions over a small pytree state (``FilterState``) of static shape, updated inside a compiled
 step (no host callbacks). A step's examples come as a fixed-shape batch (``norms``, ``indices``,
 ``valid``): padded entries (``valid`` False) are ignored, so Poisson batches work under ``jit``.
+An example enters a step at most once. Concrete input that lists an example twice in one step
+raises; under ``jit``, where nothing can raise, an index's copies after its first (in this update,
+or in an earlier update of the same step) are inactive and charged nothing, so a step never
+releases more of an example than its ledger was charged for. An index outside [0, N) is inactive.
 
 What a ledger records. Charges are rounded up and summed as double words (``_directed``): the
 recorded spending is never below the exact one, in float32 or float64. An example whose norm
@@ -45,6 +49,10 @@ from jaxacct.individual import _directed, _grid
 from jaxacct.individual._directed import host_round, host_round_all
 
 DEFAULT_RTOL = 1e-9
+# What a filter's figures certify, said where they appear.
+CERTIFIES = ("A filter's guarantee holds under full adaptivity: every example is held to it "
+             "whatever the training does. An individual epsilon is what the example has spent so "
+             "far by the filter's ledger (its odometer), not a guarantee of its own.")
 # Renyi orders of ``rdp_filter`` by default: a compact set that holds DP-SGD's optimal orders.
 DEFAULT_ORDERS = (1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0, 20.0, 24.0,
                   32.0, 40.0, 48.0, 64.0, 128.0, 256.0)
@@ -76,12 +84,15 @@ class FilterState:
 class IndividualFilter(NamedTuple):
   """``init()`` -> state; ``update(state, norms, indices, valid)`` -> (state, active);
   ``odometer(state, delta)`` -> each example's epsilon so far (an upper bound, [N]);
-  ``guarantee(delta)`` -> the epsilon every example is held to (host float)."""
+  ``guarantee(delta)`` -> the epsilon every example is held to (host float); ``spec``: what
+  gives the ledger's numbers their meaning (JSON values: the kind, dtype, orders, noise grid,
+  rounding tolerance), so a checkpoint can refuse a ledger read under another."""
 
   init: Callable
   update: Callable
   odometer: Callable
   guarantee: Callable
+  spec: dict
 
 
 def _dtype(dtype):
@@ -129,6 +140,33 @@ def _checked_batch(norms, indices, valid, num_examples):
       raise ValueError("indices of valid entries must be distinct (an example is in a step at "
                        "most once)")
   return norms, indices, valid
+
+
+def first_copies(indices, valid, num_examples):
+  """``valid`` restricted to indices in [0, N) whose entry is the first valid one of its index:
+  under ``jit`` a repeated index cannot be refused, so its later copies are dropped (a stable
+  sort of the batch, O(B log B): no [N] array per update)."""
+  valid = valid & (indices >= 0) & (indices < num_examples)
+  if indices.shape[0] < 2:
+    return valid
+  key = jnp.where(valid, indices, num_examples)
+  order = jnp.argsort(key, stable=True)
+  ranked = key[order]
+  leads = jnp.concatenate([jnp.ones(1, bool), ranked[1:] != ranked[:-1]])
+  return valid & jnp.zeros_like(valid).at[order].set(leads)
+
+
+def _new_in_step(state, indices, valid, new_step):
+  """``valid`` less the examples already admitted in this step (by an earlier update with
+  ``new_step=False``): a second copy of an example in one step is never admitted. Concrete
+  input raises instead."""
+  if new_step:
+    return valid
+  again = valid & state.active[jnp.where(valid, indices, 0)]
+  if not is_traced((state.active, indices, valid)) and bool(jnp.any(again)):
+    raise ValueError("an example is in a step at most once; already admitted in this step: "
+                     f"{np.asarray(indices)[np.asarray(again)][:4]!r}")
+  return valid & ~again
 
 
 def _ledger_norms(norms, dtype):
@@ -242,7 +280,7 @@ def gdp_filter(budget, clip_norm, noise_multiplier, num_examples, may_return=Tru
 
   def update(state, norms, indices, valid, new_step=True):
     norms, indices, valid = _checked_batch(norms, indices, valid, num_examples)
-    valid = valid & (indices >= 0) & (indices < num_examples)  # (traced out-of-range: skipped)
+    valid = _new_in_step(state, indices, first_copies(indices, valid, num_examples), new_step)
     at = jnp.where(valid, indices, 0)
     charge = _directed.clipped_square(_ledger_norms(norms, dtype), clip)
     hi, lo = state.spent[at], state.spent_low[at]
@@ -276,7 +314,9 @@ def gdp_filter(budget, clip_norm, noise_multiplier, num_examples, may_return=Tru
   def guarantee(delta):
     return float(gdp.epsilon_of_mu(mu_max, delta))
 
-  return IndividualFilter(init, update, odometer, guarantee)
+  spec = dict(accountant="gdp_filter", dtype=dtype.name, rtol=float(rtol), unit=float(unit),
+              fill_up=bool(fill_up))
+  return IndividualFilter(init, update, odometer, guarantee, spec)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -411,15 +451,13 @@ def rdp_filter(budget, clip_norm, noise_multiplier, num_examples, may_return=Tru
 
   def update(state, norms, indices, valid, new_step=True):
     norms, indices, valid = _checked_batch(norms, indices, valid, num_examples)
-    valid = valid & (indices >= 0) & (indices < num_examples)
+    first = first_copies(indices, valid, num_examples)
     charge = charges(norms)
     if subsampled:
       if not new_step:
         raise ValueError("with sampling_rate < 1 a step's examples come in one update "
                          "(new_step=False is not accepted)")
-      # Every example: a listed one its own charge, the others the worst case.
-      listed = jnp.broadcast_to(jnp.asarray(worst), state.spent.shape)
-      listed = listed.at[jnp.where(valid, indices, num_examples)].set(charge, mode="drop")
+      listed = _listed_charges(state.spent.shape, worst, charge, indices, valid, num_examples)
       new_hi, new_lo = _directed.add(state.spent, state.spent_low, listed)
       fits = jnp.all(_directed.total(new_hi, new_lo) <= jnp.asarray(limit), axis=-1)
       allowed = jnp.ones_like(fits) if may_return else ~state.halted
@@ -429,7 +467,8 @@ def rdp_filter(budget, clip_norm, noise_multiplier, num_examples, may_return=Tru
                           jnp.where(keep, new_lo, state.spent_low),
                           state.halted | (allowed & ~fits), active_all, state.steps + 1,
                           state.unit)
-      return state, valid & active_all[jnp.where(valid, indices, 0)]
+      return state, first & active_all[jnp.where(first, indices, 0)]
+    valid = _new_in_step(state, indices, first, new_step)
     at = jnp.where(valid, indices, 0)
     hi, lo = state.spent[at], state.spent_low[at]
     new_hi, new_lo = _directed.add(hi, lo, charge)
@@ -453,7 +492,19 @@ def rdp_filter(budget, clip_norm, noise_multiplier, num_examples, may_return=Tru
   def guarantee(delta):
     return float(rdp_epsilon(budget_values * (1.0 + rtol) * (1 + 4e-16), orders, delta))
 
-  return IndividualFilter(init, update, odometer, guarantee)
+  spec = dict(accountant="rdp_filter", dtype=dtype.name, rtol=float(rtol),
+              orders=orders.tolist(), sampling_rate=float(sampling_rate),
+              sigma_grid=grid.tolist() if subsampled else None)
+  return IndividualFilter(init, update, odometer, guarantee, spec)
+
+
+def _listed_charges(shape, worst, charge, indices, valid, num_examples):
+  """A subsampled step's charge of every example ([N, orders]): a listed one its own (the
+  largest of its copies', should it be listed twice), the others the worst case."""
+  rows = jnp.where(valid & (indices >= 0) & (indices < num_examples), indices, num_examples)
+  largest = jnp.zeros(shape, charge.dtype).at[rows].max(charge, mode="drop")
+  listed = jnp.zeros(shape[0], bool).at[rows].set(True, mode="drop")
+  return jnp.where(listed[:, None], largest, jnp.asarray(worst))
 
 
 def _fill_scale(recorded, target, charge):
@@ -474,5 +525,5 @@ def spent_mu(state: FilterState):
   return jnp.where(recorded > 0, _directed.up(jnp.sqrt(recorded)), 0.0)
 
 
-__all__ = ["DEFAULT_ORDERS", "FilterState", "IndividualFilter", "gdp_filter", "rdp_budget",
-           "rdp_epsilon", "rdp_filter", "spent_mu"]
+__all__ = ["CERTIFIES", "DEFAULT_ORDERS", "DEFAULT_RTOL", "FilterState", "IndividualFilter", "first_copies", "gdp_filter",
+           "rdp_budget", "rdp_epsilon", "rdp_filter", "spent_mu"]

@@ -80,8 +80,9 @@ def zeros_like_params(params):
 
 
 class Examples(NamedTuple):
-  """Per-example values of a step's buffer ([buffer]): losses, gradient norms and the weights
-  their gradients entered the sum with (0 for padding, refused examples and chunks not run)."""
+  """Per-example values of a step's buffer ([buffer]): losses, gradient norms (in the dtype they
+  were computed in) and the weights their gradients entered the sum with (0 for padding, refused
+  examples and chunks not run)."""
 
   losses: jax.Array
   norms: jax.Array
@@ -103,6 +104,9 @@ def private_sum(loss, params, data, indices, weights, clip_norm, microbatch_size
   total = indices.shape[0] // m
   chunks = total if chunks is None else chunks
   blank = jnp.zeros((total, m), jnp.float32)
+  # (norms kept in their own dtype: an accountant may charge them after the sum)
+  norm_type = jax.eval_shape(lambda: microbatch_gradients(loss, params, data, indices[:m])[2])
+  blank_norms = jnp.zeros((total, m), norm_type.dtype)
 
   def body(k, state):
     summed, inner, seen = state
@@ -116,10 +120,10 @@ def private_sum(loss, params, data, indices, weights, clip_norm, microbatch_size
     part = clipped_sum(gradients, norms, w, bound)
     summed = jax.tree_util.tree_map(jnp.add, summed, part)
     values = (jnp.where(w > 0, losses, 0.0), norms, w)
-    seen = Examples(*(old.at[k].set(new.astype(jnp.float32)) for old, new in zip(seen, values)))
+    seen = Examples(*(old.at[k].set(new.astype(old.dtype)) for old, new in zip(seen, values)))
     return summed, inner, seen
 
-  start = (zeros_like_params(params), carry, Examples(blank, blank, blank))
+  start = (zeros_like_params(params), carry, Examples(blank, blank_norms, blank))
   summed, carry, seen = jax.lax.fori_loop(0, chunks, body, start)
   return summed, carry, Examples(*(x.reshape(-1) for x in seen))
 
@@ -143,15 +147,18 @@ class AggregateState(NamedTuple):
   key: jax.Array
 
 
-def private_aggregate(clip_norm, noise_multiplier, key) -> optax.GradientTransformation:
+def private_aggregate(clip_norm, noise_multiplier,
+                      key) -> optax.GradientTransformationExtraArgs:
   """An Optax transformation for per-example gradients you compute yourself.
 
-  ``update(per_example_updates, state, params=None, weights=None)`` takes updates with a
-  leading batch axis and returns their clipped sum plus N(0, (sigma C)^2) noise (``weights``
-  in [0, 1], clamped, masks padding; the noise key advances every call). Chain it before your optimiser, dividing by
-  the expected batch size, e.g. ``optax.chain(private_aggregate(C, sigma, key),
-  optax.scale(1 / expected_batch), optax.adam(1e-3))``. The privacy of the run is that of the
-  sampler that drew the batches: account it with ``DPConfig.composition``.
+  ``update(per_example_updates, state, params=None, *, weights=None)`` takes updates with a
+  leading batch axis and returns their clipped sum plus N(0, (sigma C)^2) noise (``weights`` in
+  [0, 1], clamped: 0 drops a padding row or a refused example; the noise key advances every
+  call). Chain it before your optimiser, dividing by the expected batch size, e.g.
+  ``optax.chain(private_aggregate(C, sigma, key), optax.scale(1 / expected_batch),
+  optax.adam(1e-3))``, and pass ``weights=`` to the chain's ``update``: it is an
+  ``optax.GradientTransformationExtraArgs``, so ``optax.chain`` hands it on. The privacy of the
+  run is that of the sampler that drew the batches: account it with ``DPConfig.composition``.
   """
   if not clip_norm > 0:
     raise ValueError(f"clip_norm must be > 0; got {clip_norm!r}")
@@ -162,8 +169,8 @@ def private_aggregate(clip_norm, noise_multiplier, key) -> optax.GradientTransfo
     del params
     return AggregateState(jnp.asarray(key))
 
-  def update(updates, state, params=None, weights=None):
-    del params
+  def update(updates, state, params=None, *, weights=None, **extra_args):
+    del params, extra_args  # (the chain's other extra arguments are not ours)
     norms = global_norms(updates)
     weights = (jnp.ones_like(norms) if weights is None
                else jnp.clip(jnp.asarray(weights, norms.dtype), 0.0, 1.0))
@@ -171,7 +178,7 @@ def private_aggregate(clip_norm, noise_multiplier, key) -> optax.GradientTransfo
     summed = clipped_sum(updates, norms, weights, clip_norm)
     return add_noise(summed, step_key, noise_multiplier * clip_norm), AggregateState(next_key)
 
-  return optax.GradientTransformation(init, update)
+  return optax.GradientTransformationExtraArgs(init, update)
 
 
 def nnx_loss(model, loss_fn: Callable):

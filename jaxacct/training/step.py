@@ -22,7 +22,8 @@ import numpy as np
 import optax
 
 from jaxacct import api, gdp
-from jaxacct.individual import bucket_counter, gdp_filter, rdp_budget, rdp_filter
+from jaxacct.individual import (COUNTER_CERTIFIES, DEFAULT_RTOL, FILTER_CERTIFIES, bucket_counter,
+                                gdp_filter, rdp_budget, rdp_filter)
 from jaxacct.results import Bounds
 from jaxacct.training import gradients as _grads
 from jaxacct.training.sampling import DPConfig
@@ -80,43 +81,58 @@ class PrivateTrainer(NamedTuple):
 _RECOMPUTE_MARGIN = 1e-5
 
 
-@functools.lru_cache(maxsize=32)
 def individual_accountant(config: DPConfig):
-  """The per-example accountant of ``config`` (None for "worst_case").
+  """The per-example accountant of ``config`` (None for "worst_case"), its ledger in float32, or
+  float64 when x64 is enabled.
 
   Budgets: the GDP filter's mu is that of ``target_epsilon`` at ``delta`` when given, else that
   of T clipped DP-GD steps, sqrt(T) / sigma; the RDP filter's is the RDP of T worst-case steps
   (``rdp_budget``). Every example is then held to at least the planned run's worst case."""
+  return _accountant(config, jnp.zeros(()).dtype.name)
+
+
+@functools.lru_cache(maxsize=32)
+def _accountant(config: DPConfig, dtype: str):
+  """``individual_accountant`` with its ledger's dtype (built once per configuration and dtype)."""
   sigma, clip, n, q = (config.noise_multiplier, config.clip_norm, config.num_examples,
                        config.sampling_rate)
   if config.accountant == "gdp_filter":
-    mu = (gdp.mu_of_eps_delta(config.target_epsilon, config.delta)
-          if config.target_epsilon is not None else math.sqrt(config.steps) / sigma)
-    return gdp_filter(float(mu), clip, sigma, n, config.may_return)
+    if config.target_epsilon is None:
+      mu = math.sqrt(config.steps) / sigma
+    else:  # (lowered so that the filter's guarantee, B sqrt(1 + rtol), stays <= the target)
+      mu = gdp.mu_of_eps_delta(config.target_epsilon, config.delta)
+      mu = float(mu) / math.sqrt(1.0 + DEFAULT_RTOL) * (1.0 - 1e-12)
+    return gdp_filter(float(mu), clip, sigma, n, config.may_return, dtype=dtype)
   if config.accountant == "rdp_filter":
     return rdp_filter(rdp_budget(sigma, q, config.steps), clip, sigma, n, config.may_return,
-                      sampling_rate=q)
+                      sampling_rate=q, dtype=dtype)
   if config.accountant == "bucket_counter":
-    return bucket_counter(sigma, clip, q, n)
+    return bucket_counter(sigma, clip, q, n, dtype=dtype)
   return None
 
 
+def planned_epsilon(config: DPConfig) -> float:
+  """The epsilon at ``config.delta`` a run of ``config`` certifies: the worst-case upper of its
+  T steps (its own sampler's composition, with a small buffer's allowance) and, for the filters,
+  the epsilon each example is held to, whichever is larger."""
+  planned = float(worst_case_epsilon(config, config.steps).upper)
+  if config.accountant in ("gdp_filter", "rdp_filter"):
+    planned = max(planned, individual_accountant(config).guarantee(config.delta))
+  return planned
+
+
 def check_budget(config: DPConfig):
-  """Refuses a configuration whose planned guarantee exceeds ``target_epsilon``: the worst-case
-  epsilon of T steps (with a small buffer's allowance) and, for the RDP filter, the epsilon its
-  per-example budget holds every example to."""
+  """Refuses a configuration whose ``planned_epsilon`` exceeds ``target_epsilon``."""
   if config.target_epsilon is None:
     return
-  planned = float(worst_case_epsilon(config, config.steps).upper)
-  accountant = individual_accountant(config)
-  if config.accountant == "rdp_filter":
-    planned = max(planned, accountant.guarantee(config.delta))
+  planned = planned_epsilon(config)
   if planned > config.target_epsilon:
     raise ValueError(
         f"noise_multiplier {config.noise_multiplier:g} does not reach target_epsilon "
         f"{config.target_epsilon:g}: {config.steps} steps of this sampler ({config.sampler}, "
-        f"q = {config.sampling_rate:.6g}) give epsilon <= {planned:.4g} at delta "
-        f"{config.delta:g} (calibrate it with jaxacct.get_noise_multiplier)")
+        f"q = {config.sampling_rate:.6g}) with the {config.accountant} accountant give epsilon "
+        f"<= {planned:.4g} at delta {config.delta:g} (jaxacct.training.calibrate(config, "
+        f"{config.target_epsilon:g}) sets the noise multiplier this run needs)")
 
 
 def check_lengths(config: DPConfig, data):
@@ -212,16 +228,15 @@ def private_trainer(config: DPConfig, loss: Callable,
     return accountant.update(individual, norms, every, listed), batch.valid, bounds
 
   def weigh_in_step(carry, indices, weights, norms):
-    """DP-GD with a per-example accountant: each microbatch's examples charged as they come."""
-    if filters:
-      carry, admitted = accountant.update(carry, norms, indices, weights > 0, new_step=False)
-      return carry, weights * admitted.astype(weights.dtype)
-    return accountant.update(carry, norms, indices, weights > 0, new_step=False), weights
+    """DP-GD with a filter: each microbatch's examples admitted (and charged) as they come."""
+    carry, admitted = accountant.update(carry, norms, indices, weights > 0, new_step=False)
+    return carry, weights * admitted.astype(weights.dtype)
 
   def step(state, data):
     ledger = state.ledger
     check_same_config(ledger.config, config)
     check_lengths(config, data)
+    data = jax.tree_util.tree_map(jnp.asarray, data)  # (host arrays, when run without jit)
     key, sample_key, noise_key = jax.random.split(state.key, 3)
     batch = sample(sample_key)
     allowed = ~batch.overflow
@@ -231,16 +246,18 @@ def private_trainer(config: DPConfig, loss: Callable,
     if needs_all_norms:
       individual, valid, bounds = account_all(individual, state.params, data, batch)
       clip = _grads.pad_to(bounds, m, 0.0)
-    elif accountant is not None:  # DP-GD: start the step, then charge microbatch by microbatch
+    elif filters:  # DP-GD: start the step, then admit microbatch by microbatch
       empty = (jnp.zeros(1, jnp.float32), jnp.zeros(1, jnp.int32), jnp.zeros(1, bool))
-      individual = accountant.update(individual, *empty, new_step=True)
-      individual = individual[0] if filters else individual
+      individual = accountant.update(individual, *empty, new_step=True)[0]
       weigh = weigh_in_step
     indices = _grads.pad_to(batch.indices, m, 0)
     weights = _grads.pad_to(valid.astype(jnp.float32), m, 0.0)
     chunks = jnp.where(allowed, (batch.size + m - 1) // m, 0)
     summed, individual, seen = _grads.private_sum(
         loss, state.params, data, indices, weights, clip, m, chunks, weigh, individual)
+    if accountant is not None and not (filters or needs_all_norms):
+      # DP-GD with the bucket counter: the norms the sum clipped, counted in one update.
+      individual = accountant.update(individual, seen.norms, indices, seen.weights > 0)
     gradient = jax.tree_util.tree_map(lambda g: g / config.expected_batch_size,
                                       _grads.add_noise(summed, noise_key, std))
     updates, opt_state = optimizer.update(gradient, state.opt_state, state.params)
@@ -273,7 +290,9 @@ class PrivacyReport:
   accounted (the composition of ``config.composition(steps)``, plus the overflow allowance of a
   Poisson buffer below N + 1). ``guarantee``: the epsilon every example is held to by a filter
   (None without one). ``individual``: quantiles of the examples' epsilons so far (their
-  odometers: GDP for the GDP filter, RDP for the RDP filter and the bucket counter).
+  odometers: GDP for the GDP filter, RDP for the RDP filter and the bucket counter);
+  ``certifies`` says what they certify (a filter's guarantee holds under full adaptivity, a
+  bucket counter's individual epsilon only for the realised norms taken as fixed in advance).
   ``active``: examples in the latest step (admitted by a filter; all listed ones otherwise).
   """
 
@@ -285,6 +304,7 @@ class PrivacyReport:
   individual: dict | None
   active: int | None
   config: DPConfig
+  certifies: str | None = None
 
   def __str__(self):
     lines = [f"{self.steps} steps ({self.config.sampler} sampling, q = "
@@ -298,6 +318,7 @@ class PrivacyReport:
     if self.individual is not None:
       shown = ", ".join(f"{int(100 * q)}%: {v:.4f}" for q, v in self.individual.items())
       lines.append(f"individual epsilon quantiles: {shown}")
+      lines.append(self.certifies)
     if self.active is not None:
       lines.append(f"{self.active} of {self.config.num_examples} examples active")
     return "\n".join(lines)
@@ -349,20 +370,22 @@ def privacy_report(state: TrainState, delta=None, quantiles=QUANTILES) -> Privac
   delta = config.delta if delta is None else float(delta)
   steps = int(ledger.steps)
   accountant = individual_accountant(config)
-  guarantee = individual = active = None
+  guarantee = individual = active = certifies = None
   if accountant is not None:
+    filtered = config.accountant in ("gdp_filter", "rdp_filter")
+    certifies = FILTER_CERTIFIES if filtered else COUNTER_CERTIFIES
     kept = jax.tree_util.tree_map(jnp.asarray, ledger.individual)  # (also a host copy)
     eps = np.asarray(accountant.odometer(kept, delta), np.float64)
-    individual = dict(zip(quantiles, np.quantile(eps, quantiles).tolist()))
-    if config.accountant in ("gdp_filter", "rdp_filter"):
+    individual = dict(zip(quantiles, np.quantile(eps, quantiles, method="higher").tolist()))
+    if filtered:
       guarantee = accountant.guarantee(delta)
       active = int(jnp.sum(ledger.individual.active))
     else:
       active = config.num_examples
   return PrivacyReport(worst_case_epsilon(config, steps, delta), delta, steps,
-                       int(ledger.refused), guarantee, individual, active, config)
+                       int(ledger.refused), guarantee, individual, active, config, certifies)
 
 
 __all__ = ["Ledger", "PrivacyReport", "PrivateTrainer", "StepMetrics", "TrainState",
-           "check_budget", "check_data", "check_lengths", "individual_accountant", "private_trainer",
-           "privacy_report", "worst_case_epsilon"]
+           "check_budget", "check_data", "check_lengths", "individual_accountant", "planned_epsilon",
+           "private_trainer", "privacy_report", "worst_case_epsilon"]

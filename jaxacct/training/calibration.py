@@ -1,0 +1,102 @@
+"""Calibrating a training run for its own sampler and accountant.
+
+``calibrate(config, target_epsilon)`` returns ``config`` with the smallest noise multiplier
+(within 0.5 % of it) at which ``planned_epsilon`` -- what the run itself certifies: its sampler's
+composition (Poisson, a fixed batch accounted at sensitivity 2, the full batch), a small
+buffer's overflow allowance, a filter's per-example guarantee -- meets the target, never above
+it. Calibrating a fixed-batch or filtered run as Poisson DP-SGD (``jaxacct.calibrate``) gives
+about half the noise a fixed batch needs, or a guarantee the RDP filter cannot keep.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from jaxacct import calibrate as _calibrate
+from jaxacct._inputs import check_range
+from jaxacct.training.sampling import DPConfig
+from jaxacct.training.step import planned_epsilon
+
+# The answer's planned epsilon lies in [(1 - _CLOSE) target, target].
+_CLOSE = 5e-3
+_ROUNDS = 40  # host evaluations of the planned epsilon at most
+
+
+def _start(config: DPConfig, target: float) -> float:
+  """The noise multiplier of the run's composition without extras, by ``jaxacct.calibrate``: a
+  fixed batch is a Poisson one at sensitivity 2 (noise sigma / 2), the full batch q = 1; the
+  RDP filter's guarantee is an RDP conversion, so the RDP accountant starts it."""
+  accountant = "rdp" if config.accountant == "rdp_filter" else "pld"
+  sigma = float(_calibrate.noise_multiplier(target, config.delta, config.sampling_rate,
+                                            config.steps, accountant=accountant))
+  return 2.0 * sigma if config.sampler == "fixed" else sigma
+
+
+def _with_sigma(config, sigma, target):
+  return dataclasses.replace(config, noise_multiplier=sigma, target_epsilon=target)
+
+
+def _log_excess(config, sigma, target):
+  """log(planned / target) at ``sigma``: > 0 above the target; decreasing in sigma."""
+  return math.log(planned_epsilon(_with_sigma(config, sigma, target)) / target)
+
+
+def _bracket(excess, sigma, value):
+  """[(sigma, excess) above the target, (sigma, excess) at or below it], grown from ``sigma``
+  (whose excess is ``value``) geometrically: the excess is near-linear in log sigma."""
+  step = max(abs(value), 1e-3)
+  ends = [None, None]
+  for _ in range(_ROUNDS):
+    ends[value <= 0] = (sigma, value)
+    if None not in ends:
+      return ends
+    sigma *= math.exp(step if value > 0 else -step)
+    step *= 2.0
+    value = excess(sigma)
+  raise ValueError("no noise multiplier brackets the target (the planned epsilon does not fall "
+                   "with sigma here)")
+
+
+def _smallest_sigma(excess, sigma):
+  """The noise multiplier whose planned epsilon is in [(1 - _CLOSE), 1] times the target:
+  Illinois secant in log sigma between a bracket's ends, returning the end at or below it."""
+  floor = math.log1p(-_CLOSE)
+  value = excess(sigma)
+  if floor <= value <= 0:
+    return sigma
+  (lo, f_lo), (hi, f_hi) = _bracket(excess, sigma, value)
+  w_lo, w_hi, side = f_lo, f_hi, 0  # (the secant's weights: Illinois halves a stale end's)
+  for _ in range(_ROUNDS):
+    if f_hi >= floor:
+      return hi
+    middle = math.exp(math.log(lo) + w_lo / (w_lo - w_hi) * (math.log(hi) - math.log(lo)))
+    if not lo < middle < hi:
+      middle = math.sqrt(lo * hi)
+    value = excess(middle)
+    if value > 0:
+      lo, f_lo, w_lo = middle, value, value
+      w_hi = w_hi / 2 if side == -1 else w_hi
+      side = -1
+    else:
+      hi, f_hi, w_hi = middle, value, value
+      w_lo = w_lo / 2 if side == 1 else w_lo
+      side = 1
+  return hi
+
+
+def calibrate(config: DPConfig, target_epsilon) -> DPConfig:
+  """``config`` with the noise multiplier at which the run certifies ``target_epsilon`` at its
+  ``delta`` (and ``target_epsilon`` set, so the trainer checks it): the run's
+  ``planned_epsilon`` at the answer is <= the target and >= 0.995 times it.
+
+  ValueError on a target that no noise multiplier in jaxacct.calibrate's range reaches."""
+  if not isinstance(config, DPConfig):
+    raise TypeError(f"config must be a DPConfig; got {type(config).__name__}")
+  check_range("target_epsilon", target_epsilon, 0.0, math.inf)
+  target = float(target_epsilon)
+  excess = lambda sigma: _log_excess(config, sigma, target)
+  return _with_sigma(config, _smallest_sigma(excess, _start(config, target)), target)
+
+
+__all__ = ["calibrate"]
