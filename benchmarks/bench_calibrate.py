@@ -16,7 +16,13 @@ For every answer the script prints jaxacct's certified PLD upper epsilon at that
 above the target is a calibration that overshoots the budget. Ratios are peer time / jaxacct warm
 PLD time.
 
-Run:  pip install -e ".[bench]"; python benchmarks/bench_calibrate.py [--quick]
+``--edges`` instead times the calibrations of issue 29 item 9 at the edges of the plans (each in
+a fresh process, cold, with a time limit): each must answer, or refuse with the reason, within
+about a minute on 2 cores. It prints wall and CPU seconds (the CPU time is what a free 2-core
+machine would take at most, the wall time what this one took under its load) and the answer or
+the refusal.
+
+Run:  pip install -e ".[bench]"; python benchmarks/bench_calibrate.py [--quick | --edges]
 """
 
 from __future__ import annotations
@@ -89,10 +95,59 @@ def peer_rows(quick):
   return rows
 
 
+# Issue 29 item 9: calls that ran for minutes (or gave nothing in 120-500 s) before the plans'
+# sizes were bounded: (label, Python expression).
+EDGES = [
+    ("far start", "calibrate.noise_multiplier(0.020036, 5.739e-11, 1.2603e-4, 1804)"),
+    ("eps 50, q 1e-6, T 1", "calibrate.noise_multiplier(50.0, 1e-12, 1e-6, 1)"),
+    ("eps 0.01, delta 0.1, q 1e-6, T 1e7", "calibrate.noise_multiplier(0.01, 0.1, 1e-6, 10**7)"),
+    ("eps 2, q 1e-6, T 1e7", "calibrate.noise_multiplier(2.0, 1e-5, 1e-6, 10**7)"),
+    ("eps 3.08, q 3.41e-5, T 4.4e6", "calibrate.noise_multiplier(3.08, 0.0229, 3.41e-5, 4_387_004)"),
+    ("group k = 1..50", "jaxacct.group_epsilon(2.0, 500, 1e-6, np.arange(1, 51), "
+                        "sampling_rate=0.01).upper"),
+]
+_EDGE_SCRIPT = """
+import resource, time
+start = time.perf_counter()  # (import included)
+import numpy as np
+import jaxacct
+from jaxacct import calibrate
+try:
+  out = "answer " + np.array2string(np.asarray({call}), precision=6, threshold=8)
+except ValueError as err:
+  out = "refused: " + str(err)[:160] + "..."
+usage = resource.getrusage(resource.RUSAGE_SELF)
+print(f"{{time.perf_counter() - start:.1f}} {{usage.ru_utime + usage.ru_stime:.1f}} {{out}}")
+"""
+
+
+def edges(limit):
+  """Each call of ``EDGES`` in a fresh process: wall and CPU seconds, answer or refusal."""
+  import subprocess
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, JAXACCT_NO_CACHE="1", PYTHONPATH=root)
+  print(f"load {os.getloadavg()}; each call in a fresh process (cold), limit {limit} s")
+  for label, call in EDGES:
+    try:
+      run = subprocess.run([sys.executable, "-c", _EDGE_SCRIPT.format(call=call)], env=env,
+                           capture_output=True, text=True, timeout=limit, check=False)
+      line = (run.stdout.strip().splitlines() or [run.stderr.strip()[-200:]])[-1]
+      wall, cpu, out = line.split(" ", 2) if run.returncode == 0 else ("-", "-", line)
+    except subprocess.TimeoutExpired:
+      wall, cpu, out = f">{limit}", "-", "no answer within the limit"
+    print(f"{label:36s} wall {wall:>7s} s  cpu {cpu:>7s} s  {out}")
+
+
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--quick", action="store_true", help="skip prv-accountant (~2 minutes)")
+  parser.add_argument("--edges", action="store_true",
+                      help="time issue 29's edge calibrations instead (about 10 minutes)")
+  parser.add_argument("--limit", type=float, default=600.0, help="--edges: seconds per call")
   args = parser.parse_args()
+  if args.edges:
+    edges(args.limit)
+    return
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   _, import_time = timed(lambda: __import__("jaxacct.calibrate"))
   import jax

@@ -22,9 +22,18 @@ whole steps, so with it d / d steps raises; the saddle-point and RDP accountants
 counts).
 
 Plans. The PLD accountant needs an accuracy plan that serves every value the search visits. With
-concrete inputs it is made here, for the bracket the guess implies, and remade when the answer
-falls outside what it serves. Under ``jit``/``vmap``/``grad`` pass ``plan=`` (from
-``calibrate.make_plan``), as for ``jaxacct.epsilon``.
+concrete inputs it is made here, one per setting, for a window around the start (within 15%),
+and remade when the answer lies at the window's edge: the next window reaches past that edge
+towards larger epsilon as far as the certified upper there says the target may lie (epsilon
+falls at least as fast as 1 / sigma, 1 / q and 1 / sqrt(T)), never around the old one (a
+window of a wide range of sigma takes the finest grid of its largest sigma and the loss range
+of its smallest: the plan would grow without bound). Each plan's size is estimated on the host
+before anything is computed: a window whose plan exceeds ``MAX_PLAN_POINTS`` is narrowed
+towards the answer, and where even one value needs more, the calibration is refused with the
+reason and what is reachable (a coarser ``eps_error``, or the constant-time "spa" and "rdp"
+accountants). So a calibration answers after at most ``_ROUNDS`` searches on plans of bounded
+size, or refuses. Under ``jit``/``vmap``/``grad`` pass ``plan=`` (from ``calibrate.make_plan``),
+as for ``jaxacct.epsilon``.
 """
 
 from __future__ import annotations
@@ -40,7 +49,8 @@ from jaxacct import gdp as _gdp
 from jaxacct import rdp as _rdp
 from jaxacct import results
 from jaxacct import spa as _spa
-from jaxacct._inputs import check_choice, check_delta, check_epsilon, check_range, check_whole
+from jaxacct._inputs import (check_choice, check_delta, check_epsilon, check_range,
+                             check_unused, check_whole)
 from jaxacct._numerics import fast_jit, float64, is_traced, scoped_gradients
 from jaxacct._solver import bracket_search, implicit_root
 from jaxacct.api import RELATIONS, _dpsgd_model, dpsgd_delta, dpsgd_epsilon
@@ -48,6 +58,7 @@ from jaxacct.composition import Composition
 from jaxacct.group import GroupSteps, check_fixed_batch, check_group_size, group_sampling
 from jaxacct.pld import accountant as _pld
 from jaxacct.pld import make_plan as _pld_plan
+from jaxacct.pld.plan import SizeCache as _SizeCache
 from jaxacct.pld.plan import stack_plans as _pld_stack
 from jaxacct.pld.spectrum import integer_count
 
@@ -66,6 +77,17 @@ _TOL = 1e-9        # relative width of the final bracket of sigma or q
 _FTOL = 0.05       # ... or the safe end's upper within this fraction of the margin below the aim
 _SEARCH = 60       # evaluations budget of the secant search
 _SPREAD = 1.15     # the PLD plan serves the start's value within this factor either side
+_NEAR = 1.05       # a moved window keeps this much room on the answer's safe side ...
+_REACH = 1.32      # ... and reaches at least this factor past it
+# How fast the certified epsilon at least falls (in log-log) as the unknown moves to its safe
+# side: ~1 / sigma and ~1 / q where epsilon is small (mu-GDP, epsilon ~ mu), faster elsewhere;
+# ~1 / sqrt(T) (the central limit). A moved window reaches as far as these slopes allow.
+_ELASTICITY = {"noise_multiplier": 1.0, "sampling_rate": 1.0, "steps": 0.5}
+_ROUNDS = 6        # searches (each on one plan) before a calibration gives up
+# The largest accuracy plan a PLD calibration computes on, in grid points (``plan_points``): a
+# search reads ~10-30 certified values on it, ~1 s each at this size on 2 free CPU cores.
+MAX_PLAN_POINTS = 2**25
+_EPS_ERROR = 0.01  # the PLD accountant's default eps_error (its margin above scales with it)
 _STEP = 0.01       # the certified search's first step from its start, in log x (then doubling)
 _SHARED_PLAN_FAILED = results.WINDOW_TOO_SMALL | results.BELOW_FLOOR
 
@@ -228,17 +250,26 @@ def _compiled(kind, *key):
 # Front doors: checks, plans, the host's verification
 
 
-def _check(unknown, target, accountant, relation, target_value, other, known):
+def _coarseness(eps_error):
+  """How much coarser than the default the PLD plan is (>= 1): the aim's margin scales with it."""
+  return max(1.0, (_EPS_ERROR if eps_error is None else float(eps_error)) / _EPS_ERROR)
+
+
+def _check(unknown, target, accountant, relation, target_value, other, known, eps_error=None):
   check_choice("unknown", unknown, UNKNOWNS)
   check_choice("target", target, TARGETS)
   check_choice("accountant (a calibration needs a certified upper bound)", accountant,
                ACCOUNTANTS)
   if not isinstance(relation, GroupSteps):
     check_choice("relation", relation, RELATIONS)
+  if accountant != "pld":
+    check_unused(accountant, eps_error=eps_error)
+  elif eps_error is not None:
+    check_range("eps_error", eps_error, 0.0, 1.0, high_open=False)
   if target == "epsilon":
     check_range("epsilon", target_value, 0.0, np.inf)
     check_delta(other)
-    floor = _PLD_MARGIN["epsilon"]  # (the upper is aimed this far below the target)
+    floor = _PLD_MARGIN["epsilon"] * _coarseness(eps_error)  # (the upper is aimed this far below)
     if (accountant == "pld" and not is_traced(target_value)
         and np.any(np.asarray(target_value) <= floor)):
       raise ValueError(f"epsilon must be > {floor:g} for the PLD accountant's calibration (its "
@@ -247,7 +278,7 @@ def _check(unknown, target, accountant, relation, target_value, other, known):
   else:
     check_delta(target_value)
     check_epsilon(other)
-  names = {"noise_multiplier": (0.0, np.inf, True), "sampling_rate": (0.0, 1.0, False),
+  names = {"noise_multiplier": (0.0, np.inf, True), "sampling_rate": (0.0, 1.0, True),
            "steps": (1.0, np.inf, False)}
   for name, value in known.items():
     low, high, low_open = names[name]
@@ -256,13 +287,14 @@ def _check(unknown, target, accountant, relation, target_value, other, known):
       check_whole("steps", value)
 
 
-def _margin(accountant, target, target_value):
+def _margin(accountant, target, target_value, eps_error=None):
   """How far below the target the upper is aimed (relative)."""
   if accountant != "pld":
     return jnp.full(jnp.shape(target_value), _EXACT_MARGIN)
+  scale = _coarseness(eps_error)
   if target == "delta":
-    return jnp.full(jnp.shape(target_value), _PLD_MARGIN["delta"])
-  return _PLD_MARGIN["epsilon"] * jnp.maximum(1.0, target_value) / target_value
+    return jnp.full(jnp.shape(target_value), _PLD_MARGIN["delta"] * scale)
+  return _PLD_MARGIN["epsilon"] * scale * jnp.maximum(1.0, target_value) / target_value
 
 
 def _settings(unknown, known, target_value, other, margin):
@@ -277,48 +309,195 @@ def _starts(unknown, target, relation, full_batch, flat):
   return np.asarray(_compiled("start", unknown, target, relation, full_batch)(*flat[1:]))
 
 
-def _plan_for(unknown, target, relation, full_batch, flat, centre, spread, size_cache,
-              per_setting=False):
-  """A PLD plan serving the search around ``centre`` (each setting's guess or answer) by a
-  factor ``spread`` either side, down to the smallest delta the search reads: one grid for the
-  whole batch, or (``per_setting``) each setting planned apart and the plans stacked (leaves
-  [settings]; a batch of diverse targets then costs its largest setting, not the union)."""
-  rows = np.stack([np.asarray(a) for a in flat[1:]] + [np.asarray(centre)], axis=-1)
-  if per_setting and len(rows) > 1:
-    unique, index = np.unique(rows, axis=0, return_inverse=True)
-    plans = [_setting_plan(unknown, target, relation, full_batch, row, spread, size_cache)
-             for row in unique]
-    return _pld_stack([plans[i] for i in np.ravel(index)])
-  return _setting_plan(unknown, target, relation, full_batch, rows, spread, size_cache)
+# ----------------------------------------------------------------------------------------------
+# Plans of bounded size
 
 
-def _setting_plan(unknown, target, relation, full_batch, rows, spread, size_cache):
-  """One plan serving ``rows`` ([target, other, sigma, q, steps, centre] each)."""
-  target_value, other, sigma, q, steps, centre = np.reshape(rows, (-1, 6)).T
+def _atoms(relation):
+  """Components of one step's loss model: 2 for the subsampled Gaussian, k + 1 for a group."""
+  return relation.group_size + 1 if isinstance(relation, GroupSteps) else 2
+
+
+def plan_points(plan, atoms=2) -> int:
+  """The work of one certified value on ``plan``, in grid points (~0.1 us each, measured on 2
+  busy CPU cores): the FFT; the per-step grid, whose loss CDFs cost about two points per atom of the loss
+  model (``atoms``: 2 for DP-SGD's subsampled Gaussian, k + 1 against groups of k); and the low
+  band's direct sums, one per frequency and block of the per-step grid (``spectrum.
+  low_log_spectrum``: for a step whose loss is narrow against its range, e.g. a small sampling
+  rate, these dominate, and a coarser grid does not shrink them). ``MAX_PLAN_POINTS`` bounds it."""
+  per_step, fft, low, block, _ = plan.sizes
+  return int(fft) + 2 * int(atoms) * int(per_step) + int(low) * -(-int(per_step) // int(block))
+
+
+def _setting_plan(unknown, target, relation, full_batch, rows, low, high, eps_error, size_cache):
+  """One plan serving the unknown over [low, high] for every row of ``rows`` ([target, other,
+  sigma, q, steps] each), down to the smallest delta the search reads."""
+  target_value, other, sigma, q, steps = np.reshape(rows, (-1, 5)).T
   lo, hi = DOMAIN[unknown]
-  ends = np.clip(np.concatenate([centre / spread, centre * spread]), lo, hi)
+  ends = np.clip(np.concatenate([np.broadcast_to(low, sigma.shape),
+                                 np.broadcast_to(high, sigma.shape)]), lo, hi)
   known = {"noise_multiplier": np.tile(sigma, 2), "sampling_rate": np.tile(q, 2),
            "steps": np.tile(steps, 2)}
   known[unknown] = np.round(ends) if unknown == "steps" else ends
   comp = _composition(known["noise_multiplier"], known["sampling_rate"], known["steps"],
                       relation, full_batch)
   smallest = other if target == "epsilon" else 0.1 * target_value
-  return _pld_plan(comp, np.tile(smallest, 2), size_cache=size_cache)
+  return _pld_plan(comp, np.tile(smallest, 2), eps_error=eps_error, size_cache=size_cache)
 
 
-def _front_door_upper(unknown, target, accountant, relation, flat, value):
+def _plan_for(unknown, target, relation, full_batch, flat, centre, spread, size_cache,
+              eps_error=_EPS_ERROR):
+  """One PLD plan serving the search of every setting of a flat batch within a factor
+  ``spread`` of its ``centre`` (``make_plan``: one grid for the whole batch)."""
+  rows = np.stack([np.asarray(a) for a in flat[1:]], axis=-1)
+  centre = np.asarray(centre)
+  return _setting_plan(unknown, target, relation, full_batch, rows, centre / spread,
+                       centre * spread, eps_error, size_cache)
+
+
+def _plan_or_none(unknown, target, relation, full_batch, row, low, high, eps_error,
+                  size_cache=None):
+  """``_setting_plan`` of one setting, or None where no plan serves it (the planner refuses a
+  loss span beyond float64 or an FFT beyond 2^26 points)."""
+  try:
+    return _setting_plan(unknown, target, relation, full_batch, row, np.array([low]),
+                         np.array([high]), eps_error, size_cache)
+  except ValueError:
+    return None
+
+
+def _fits(plan, relation):
+  return plan is not None and plan_points(plan, _atoms(relation)) <= MAX_PLAN_POINTS
+
+
+def _fitted_plan(unknown, target, relation, full_batch, row, low, high, anchor, eps_error,
+                 size_cache):
+  """One setting's plan over [low, high], narrowed in log x towards ``anchor`` (where its answer
+  is expected) until it fits ``MAX_PLAN_POINTS``: (plan, low, high); plan None where even the
+  anchor alone does not fit. Only sizes are estimated (on the host) until the one kept."""
+  def ends(t):
+    return anchor * (low / anchor) ** t, anchor * (high / anchor) ** t
+
+  trial = lambda t: _plan_or_none(unknown, target, relation, full_batch, row, *ends(t), eps_error)
+  whole = _plan_or_none(unknown, target, relation, full_batch, row, low, high, eps_error,
+                        size_cache)
+  if _fits(whole, relation):
+    return whole, low, high
+  if not _fits(trial(0.0), relation):
+    return None, anchor, anchor
+  fit, over = 0.0, 1.0
+  for _ in range(6):  # (the window kept to within ~1.5% of the largest that fits, in log x)
+    mid = 0.5 * (fit + over)
+    fit, over = (mid, over) if _fits(trial(mid), relation) else (fit, mid)
+  low, high = ends(fit)
+  return (_plan_or_none(unknown, target, relation, full_batch, row, low, high, eps_error,
+                        size_cache), low, high)
+
+
+def _own_plan(unknown, target, relation, full_batch, flat, low, high, anchor, eps_error,
+              size_cache):
+  """Each setting planned apart over its window (fitted to the budget) and the plans stacked
+  (leaves [settings]: a batch of diverse settings costs its largest, not the union of all):
+  (plan, low, high, the index of a setting whose anchor alone needs too large a plan, or None)."""
+  rows = np.stack([np.asarray(a) for a in flat[1:]], axis=-1)
+  keys = np.concatenate([rows, np.stack([low, high, anchor], axis=-1)], axis=-1)
+  unique, index = np.unique(keys, axis=0, return_inverse=True)
+  index = np.ravel(index)
+  fitted = [_fitted_plan(unknown, target, relation, full_batch, key[:5], *key[5:], eps_error,
+                         size_cache) for key in unique]
+  for j, (plan, _, _) in enumerate(fitted):
+    if plan is None:
+      return None, low, high, int(np.flatnonzero(index == j)[0])
+  plans = [fitted[j][0] for j in index]
+  plan = plans[0] if len(plans) == 1 else _pld_stack(plans)
+  return (plan, np.array([fitted[j][1] for j in index]), np.array([fitted[j][2] for j in index]),
+          None)
+
+
+def _next_window(unknown, value, upper, aim):
+  """(low, high, where the search starts) of the next plan where the answer ``value`` lay at the
+  edge of what the last plan served, towards larger epsilon: ``_NEAR`` on the safe side, and on
+  the other as far as the target may lie by the slope ``_ELASTICITY`` from the certified
+  ``upper`` read at ``value`` (at least ``_REACH``, at most 100x; then ``_SPREAD`` room). The
+  search starts at that furthest point (the answer's estimate where epsilon falls no faster)."""
+  ratio = np.where(np.isfinite(upper) & (upper > 0.0) & (upper < aim), aim / upper, 1.0)
+  reach = np.clip(ratio ** (1.0 / _ELASTICITY[unknown]), _REACH, 100.0)
+  if unknown == "noise_multiplier":  # (larger epsilon: smaller sigma)
+    return value / (reach * _SPREAD), value * _NEAR, value / reach
+  return value / _NEAR, value * reach * _SPREAD, value * reach
+
+
+def _describe(unknown, target, flat, index):
+  """(target value, "(delta ..., sigma ..., ...)") of one setting of a flat batch, for messages."""
+  _, target_value, other, sigma, q, steps = (float(np.asarray(a)[index]) for a in flat)
+  setting = (f"({'delta' if target == 'epsilon' else 'epsilon'} {other:g}"
+             + "".join(f", {n} {v:g}" for n, v in zip(UNKNOWNS, (sigma, q, steps)) if n != unknown)
+             + ")")
+  return target_value, setting
+
+
+def _coarser_eps_error(unknown, target, relation, full_batch, row, x, eps_error, points):
+  """The smallest eps_error (of a few tried, up to 1) whose plan at ``x`` fits, or None."""
+  factor = max(points / MAX_PLAN_POINTS, 1.25) if np.isfinite(points) else 2.0
+  for _ in range(8):
+    coarser = eps_error * factor
+    if coarser > 1.0:
+      coarser = 1.0
+    if _fits(_plan_or_none(unknown, target, relation, full_batch, row, x, x, coarser), relation):
+      return coarser
+    if coarser == 1.0:
+      return None
+    factor *= 1.5
+  return None
+
+
+def _too_large(unknown, target, relation, full_batch, flat, index, x, eps_error, reached=None):
+  """The ValueError for a setting whose answer needs a plan above ``MAX_PLAN_POINTS`` near ``x``
+  (``reached``: the furthest value served and its certified upper, where the answer lies beyond
+  it): the plan's size and what drives it, and what is reachable."""
+  row = np.array([float(np.asarray(a)[index]) for a in flat[1:]])
+  target_value, setting = _describe(unknown, target, flat, index)
+  plan = _plan_or_none(unknown, target, relation, full_batch, row, x, x, eps_error)
+  if plan is None:
+    points, need = np.inf, "a loss grid wider than float64 serves"
+  else:
+    points = plan_points(plan, _atoms(relation))
+    per_step, fft, low, block, _ = plan.sizes
+    need = (f"{points:,} grid points (a {fft:,}-point FFT, a per-step grid of {per_step:,} "
+            f"points at step {float(np.ravel(plan.grid_step)[0]):.3g} and {low:,} low "
+            f"frequencies summed directly over {-(-per_step // block):,} blocks)")
+  beyond = "" if reached is None else (
+      f"; the target lies beyond {unknown} {reached[0]:.6g}, whose certified upper {target} is "
+      f"{reached[1]:.6g}")
+  coarser = _coarser_eps_error(unknown, target, relation, full_batch, row, x, eps_error, points)
+  constant = "accountant='rdp' or 'spa' (certified, constant time in the number of steps)"
+  reach = (f"eps_error >= {coarser:.3g} (now {eps_error:g}: a wider certified bracket), or "
+           f"{constant}" if coarser is not None else
+           f"{constant}; no eps_error up to 1 brings the PLD plan within it")
+  return ValueError(
+      f"calibrating {unknown} for {target} {target_value:g} {setting} by the PLD accountant: near "
+      f"{unknown} {x:.6g} its accuracy plan needs {need}, more than the {MAX_PLAN_POINTS:,} a "
+      f"calibration computes on (jaxacct.calibrate.MAX_PLAN_POINTS: ~1 s per value on 2 CPU "
+      f"cores){beyond}. Reachable: {reach}")
+
+
+# ----------------------------------------------------------------------------------------------
+# The host's verification and messages
+
+
+def _front_door_upper(unknown, target, accountant, relation, flat, value, eps_error=None):
   """The certified upper at ``value`` as ``jaxacct.dpsgd_epsilon``/``dpsgd_delta`` give it."""
   _, target_value, other, sigma, q, steps = flat
   known = {"noise_multiplier": sigma, "sampling_rate": q, "steps": steps, unknown: value}
   if isinstance(relation, GroupSteps):
     return np.asarray(relation.upper(target, known["noise_multiplier"], known["sampling_rate"],
-                                     known["steps"], other, accountant))
+                                     known["steps"], other, accountant, eps_error))
   fn = dpsgd_epsilon if target == "epsilon" else dpsgd_delta
   return np.asarray(fn(known["noise_multiplier"], known["sampling_rate"], known["steps"], other,
-                       relation=relation, accountant=accountant).upper)
+                       relation=relation, accountant=accountant, eps_error=eps_error).upper)
 
 
-def _unreachable(unknown, target, accountant, relation, flat, value, index):
+def _unreachable(unknown, target, accountant, relation, flat, value, index, eps_error=None):
   """The ValueError for a setting whose target no value of the unknown meets."""
   _, target_value, other, sigma, q, steps = (np.asarray(a)[index] for a in flat)
   lo, hi = DOMAIN[unknown]
@@ -326,13 +505,11 @@ def _unreachable(unknown, target, accountant, relation, flat, value, index):
   one = tuple(np.asarray([v]) for v in (0.0, target_value, other, sigma, q, steps))
   try:
     upper = float(_front_door_upper(unknown, target, accountant, relation, one,
-                                    np.asarray([at]))[0])
+                                    np.asarray([at]), eps_error)[0])
   except ValueError:
     upper = float("nan")
+  _, setting = _describe(unknown, target, flat, index)
   what = f"{target} {target_value:g}"
-  setting = (f"({'delta' if target == 'epsilon' else 'epsilon'} {other:g}"
-             + "".join(f", {n} {v:g}" for n, v in zip(UNKNOWNS, (sigma, q, steps)) if n != unknown)
-             + ")")
   above = not upper <= target_value  # (nan or inf: no finite bound there)
   if unknown == "steps" and not above:
     why = f"every number of steps up to {hi:g} fits (certified upper {upper:.6g} at {at:g})"
@@ -356,14 +533,24 @@ def _budget(target, epsilon, delta):
   return (epsilon, delta) if target == "epsilon" else (delta, epsilon)
 
 
+def _quiet(_):
+  """No progress report."""
+
+
 @float64
-def _calibrate(unknown, target, accountant, relation, plan, size_cache, epsilon, delta, known):
+def _calibrate(unknown, target, accountant, relation, plan, size_cache, epsilon, delta, known,
+               eps_error=None, gap=None, progress=None):
+  """The front doors' one body. ``gap``: the most the aim may lie below the target (absolute;
+  ``get_noise_multiplier``'s tolerance); ``progress``: called with a line of text per stage."""
   target_value, other = _budget(target, epsilon, delta)
-  _check(unknown, target, accountant, relation, target_value, other, known)
+  _check(unknown, target, accountant, relation, target_value, other, known, eps_error)
+  report = progress or _quiet
   q = known.get("sampling_rate")
   full_batch = (q is not None and not is_traced(q) and bool(np.all(np.asarray(q) == 1.0))
                 and not isinstance(relation, GroupSteps))
-  margin = _margin(accountant, target, jnp.asarray(target_value, jnp.float64))
+  margin = _margin(accountant, target, jnp.asarray(target_value, jnp.float64), eps_error)
+  if gap is not None:
+    margin = jnp.minimum(margin, gap / jnp.asarray(target_value, jnp.float64))
   shape, flat = _settings(unknown, known, target_value, other, margin)
   run = _compiled("search", unknown, accountant, target, relation, full_batch, is_traced(flat))
   if is_traced(flat):
@@ -373,45 +560,86 @@ def _calibrate(unknown, target, accountant, relation, plan, size_cache, epsilon,
     value, (found, _, _) = run(*flat, flat[1], plan)  # (the start is computed inside)
     return jnp.reshape(jnp.where(found, value, jnp.nan), shape)
   own_plan = accountant == "pld" and plan is None
+  plan_error = _EPS_ERROR if eps_error is None else float(eps_error)
+  if own_plan and size_cache is None:
+    size_cache = _SizeCache()  # (the rounds' plans reuse each other's compiled sizes)
+  report("starting point (saddle-point accountant)")
   start = _starts(unknown, target, relation, full_batch, flat)
-  centre, spread, replan = start, _SPREAD, own_plan
-  for _ in range(6):
-    if replan:
-      plan = _plan_for(unknown, target, relation, full_batch, flat, centre, spread, size_cache,
-                       per_setting=True)
-    value, (found, bounds, far_status) = run(*flat, start, plan)
+  x0 = start
+  if own_plan:
+    plan, low, high, big = _own_plan(unknown, target, relation, full_batch, flat,
+                                     start / _SPREAD, start * _SPREAD, start, plan_error,
+                                     size_cache)
+    if big is not None:
+      raise _too_large(unknown, target, relation, full_batch, flat, big, start[big], plan_error)
+  last = None
+  for attempt in range(_ROUNDS):
+    size = f" on a {plan.fft_size:,}-point plan" if own_plan else ""
+    report(f"certified search {attempt + 1}{size}")
+    value, (found, bounds, far_status) = run(*flat, x0, plan)
+    value = np.asarray(value)
     missed = np.flatnonzero(~np.asarray(found))
     if missed.size:
-      raise _unreachable(unknown, target, accountant, relation, flat, value, missed[0])
-    failed = (np.asarray(bounds.status) | np.asarray(far_status)) & _SHARED_PLAN_FAILED
-    replan = own_plan and bool(np.any(failed))
-    upper = _front_door_upper(unknown, target, accountant, relation, flat, value)
+      raise _unreachable(unknown, target, accountant, relation, flat, value, missed[0],
+                         eps_error)
+    failed = own_plan & ((np.asarray(bounds.status) | np.asarray(far_status))
+                         & _SHARED_PLAN_FAILED != 0)
+    if np.any(failed):
+      # The answer lay at the edge of what the plan served (the start was far off): a window
+      # reaching on past it, from where the answer was seen.
+      last = "window"
+      upper_there = np.asarray(bounds.upper)
+      aim = np.asarray(flat[1]) * (1.0 - np.asarray(flat[0]))
+      far_low, far_high, guess = _next_window(unknown, value, upper_there, aim)
+      low, high = np.where(failed, far_low, low), np.where(failed, far_high, high)
+      anchor = np.clip(value, low, high)
+      plan, low, high, big = _own_plan(unknown, target, relation, full_batch, flat, low, high,
+                                       anchor, plan_error, size_cache)
+      x0 = np.where(failed, np.clip(guess, low, high), x0)
+      if unknown == "steps":
+        x0 = np.round(x0)
+      reached = np.where(unknown == "noise_multiplier", value / low, high / value)
+      stuck = np.flatnonzero(failed & (reached < 1.02)) if big is None else [big]
+      if len(stuck):
+        i = stuck[0]
+        x = float(far_low[i] * _SPREAD if unknown == "noise_multiplier" else far_high[i] / _SPREAD)
+        raise _too_large(unknown, target, relation, full_batch, flat, i, x, plan_error,
+                         reached=(float(value[i]), float(upper_there[i])))
+      continue
+    last = "over"
+    report("checking the answer at the front door")
+    upper = _front_door_upper(unknown, target, accountant, relation, flat, value, eps_error)
     over = ~(upper <= np.asarray(flat[1]))  # (nan: no bound, over)
-    if not (replan or np.any(over)):
+    if not np.any(over):
       break
-    # A plan that failed the search (its answer at the edge of what the plan served: the start
-    # was far off) is remade around that answer, twice as wide in log x each time.
-    centre, spread = value, (spread * spread if replan else _SPREAD)
     # Where the front door's own plan reads a higher upper, aim lower by twice the excess.
     excess = np.where(over, np.nan_to_num(upper / np.asarray(flat[1]) - 1.0, nan=1e-3,
                                           posinf=1e-3), 0.0)
     flat = (flat[0] + 2.0 * excess + np.where(over, _EXACT_MARGIN, 0.0),) + flat[1:]
   else:
+    if last == "window":
+      i = int(np.flatnonzero(failed)[0])
+      raise ValueError(
+          f"calibrating {unknown} by the PLD accountant: after {_ROUNDS} plans the answer still "
+          f"lies beyond {unknown} {value[i]:.6g} (certified upper {target} there "
+          f"{float(upper_there[i]):.6g}; setting {_describe(unknown, target, flat, i)[1]}): the "
+          "start was far off; calibrate from there with accountant='rdp' or 'spa' to locate it")
     raise RuntimeError(f"calibrating {unknown}: the certified upper at the answer stayed above "
-                       "the target after 6 attempts; please report this setting")
-  value = np.asarray(value)
+                       f"the target after {_ROUNDS} attempts; please report this setting")
   if unknown == "steps":
-    value = _last_whole_step(target, accountant, relation, flat, value)
+    report("the last whole step")
+    value = _last_whole_step(target, accountant, relation, flat, value, eps_error)
   return jnp.reshape(jnp.asarray(value), shape)
 
 
-def _last_whole_step(target, accountant, relation, flat, steps):
+def _last_whole_step(target, accountant, relation, flat, steps, eps_error=None):
   """The largest T with the front door's upper <= target, starting from ``steps`` (the search's
   answer on its own plan): a step or two either way at most."""
   limit = np.asarray(flat[1])
+  upper = lambda t: _front_door_upper("steps", target, accountant, relation, flat, t, eps_error)
   for _ in range(8):
-    here = _front_door_upper("steps", target, accountant, relation, flat, steps) <= limit
-    above = _front_door_upper("steps", target, accountant, relation, flat, steps + 1) <= limit
+    here = upper(steps) <= limit
+    above = upper(steps + 1) <= limit
     if np.all(here & ~above):
       return steps
     steps = np.where(~here, steps - 1, np.where(above, steps + 1, steps))
@@ -428,40 +656,48 @@ _TARGET_DOC = """
     relation: "add_remove" (default) or "replace_one", as in ``jaxacct.dpsgd_epsilon``.
     plan: the PLD accountant's plan (``calibrate.make_plan``); needed under jit/vmap/grad.
     size_cache: a ``jaxacct.SizeCache`` shared with other calls (reuses compiled programs).
+    eps_error: the PLD accountant's accuracy (default 0.01, as in ``jaxacct.epsilon``): a larger
+      one serves settings whose plans would be too large (see below), the answer then certified
+      at that accuracy (``dpsgd_epsilon(..., eps_error=...)`` reads the same upper).
+    progress: called with one line of text as the calibration moves on (the CLI's progress bar).
   Array arguments broadcast into a batch (one compiled program). Raises ``ValueError`` on invalid
-  input and on a target that no value reaches (the message says what is reachable); under
-  tracing such a setting gives nan.
+  input, on a target that no value reaches (the message says what is reachable), and where the
+  PLD accountant would need a plan of more than ``MAX_PLAN_POINTS`` grid points (the message
+  gives the plan's size, the ``eps_error`` that serves it and the constant-time accountants);
+  under tracing an unreachable setting gives nan.
 """
 
 
 def noise_multiplier(epsilon, delta, sampling_rate, steps, *, target="epsilon", accountant="pld",
-                     relation="add_remove", plan=None, size_cache=None) -> jax.Array:
+                     relation="add_remove", plan=None, size_cache=None, eps_error=None,
+                     progress=None) -> jax.Array:
   """The smallest noise multiplier whose certified upper bound meets the budget, for DP-SGD with
   Poisson rate ``sampling_rate`` over ``steps`` steps (float64 array; differentiable in the
   target, the rate and, with real-count accountants, the steps).
   """
   known = {"sampling_rate": sampling_rate, "steps": steps}
   return _calibrate("noise_multiplier", target, accountant, relation, plan, size_cache, epsilon,
-                    delta, known)
+                    delta, known, eps_error, progress=progress)
 
 
 def sampling_rate(epsilon, delta, noise_multiplier, steps, *, target="epsilon",
-                  accountant="pld", relation="add_remove", plan=None,
-                  size_cache=None) -> jax.Array:
+                  accountant="pld", relation="add_remove", plan=None, size_cache=None,
+                  eps_error=None, progress=None) -> jax.Array:
   """The largest Poisson sampling rate whose certified upper bound meets the budget, for DP-SGD
   with ``noise_multiplier`` over ``steps`` steps (float64 array; differentiable)."""
   known = {"noise_multiplier": noise_multiplier, "steps": steps}
   return _calibrate("sampling_rate", target, accountant, relation, plan, size_cache, epsilon,
-                    delta, known)
+                    delta, known, eps_error, progress=progress)
 
 
 def steps(epsilon, delta, noise_multiplier, sampling_rate, *, target="epsilon",
-          accountant="pld", relation="add_remove", plan=None, size_cache=None) -> jax.Array:
+          accountant="pld", relation="add_remove", plan=None, size_cache=None, eps_error=None,
+          progress=None) -> jax.Array:
   """The largest whole number of DP-SGD steps whose certified upper bound meets the budget
   (float64 array of whole numbers; T + 1 steps would exceed it)."""
   known = {"noise_multiplier": noise_multiplier, "sampling_rate": sampling_rate}
   return _calibrate("steps", target, accountant, relation, plan, size_cache, epsilon,
-                    delta, known)
+                    delta, known, eps_error, progress=progress)
 
 
 for _fn in (noise_multiplier, sampling_rate, steps):
@@ -470,14 +706,16 @@ for _fn in (noise_multiplier, sampling_rate, steps):
 
 def group_noise_multiplier(epsilon, delta, steps, group_size, *, sampling_rate=None,
                            batch_size=None, dataset_size=None, target="epsilon",
-                           accountant="pld", size_cache=None) -> jax.Array:
+                           accountant="pld", size_cache=None, eps_error=None,
+                           progress=None) -> jax.Array:
   """The smallest noise multiplier whose certified upper bound meets the budget against groups
   of ``group_size`` examples (add or remove up to k: ``jaxacct.group_epsilon``), for DP-SGD with
   Poisson rate ``sampling_rate``, or a fixed batch of ``batch_size`` from a dataset of at least
   ``dataset_size``, over ``steps`` steps. ``group_size`` is one whole number (a static shape);
   the other arguments broadcast into a batch. With the PLD accountant the inputs must be
-  concrete (it plans its own grids); under jit/vmap/grad use ``accountant="spa"`` or ``"rdp"``
-  (implicit gradients in the target and, for Poisson sampling, the rate)."""
+  concrete (it plans its own grids; its plan's size counts the k + 1 atoms of the mixture, so
+  large groups meet ``MAX_PLAN_POINTS`` sooner); under jit/vmap/grad use ``accountant="spa"``
+  or ``"rdp"`` (implicit gradients in the target and, for Poisson sampling, the rate)."""
   check_group_size(group_size)
   if np.ndim(group_size):
     raise ValueError(f"group_size must be one whole number here; got {group_size!r}")
@@ -492,17 +730,18 @@ def group_noise_multiplier(epsilon, delta, steps, group_size, *, sampling_rate=N
     spec = GroupSteps(int(group_size))
   known = {"sampling_rate": sampling_rate, "steps": steps}
   return _calibrate("noise_multiplier", target, accountant, spec, None, size_cache, epsilon,
-                    delta, known)
+                    delta, known, eps_error, progress=progress)
 
 
 @float64
 def make_plan(unknown, epsilon, delta, *, noise_multiplier=None, sampling_rate=None,
               steps=None, target="epsilon", relation="add_remove", spread=1.5,
-              size_cache=None):
+              eps_error=_EPS_ERROR, size_cache=None):
   """A PLD plan for calibrating ``unknown`` (one of ``UNKNOWNS``) to the given targets (arrays:
   a sweep) under jit/vmap/grad: it serves the answers within a factor ``spread`` of the
   central-limit guess (a wider ``spread`` for settings far from the central limit, e.g. small
-  sampling rates with few steps; an answer outside gets status bits WINDOW_TOO_SMALL)."""
+  sampling rates with few steps; an answer outside gets status bits WINDOW_TOO_SMALL). Its size
+  is the caller's to judge (``plan_points``); nothing here bounds it."""
   known = {name: value for name, value in (("noise_multiplier", noise_multiplier),
                                            ("sampling_rate", sampling_rate), ("steps", steps))
            if name != unknown}
@@ -510,29 +749,102 @@ def make_plan(unknown, epsilon, delta, *, noise_multiplier=None, sampling_rate=N
   if missing:
     raise ValueError(f"calibrating {unknown} needs {' and '.join(missing)}")
   target_value, other = _budget(target, epsilon, delta)
-  _check(unknown, target, "pld", relation, target_value, other, known)
+  _check(unknown, target, "pld", relation, target_value, other, known, eps_error)
   check_range("spread", spread, 1.0, np.inf)
   q = known.get("sampling_rate")
   full_batch = q is not None and bool(np.all(np.asarray(q) == 1.0))
-  margin = _margin("pld", target, jnp.asarray(target_value, jnp.float64))
+  margin = _margin("pld", target, jnp.asarray(target_value, jnp.float64), eps_error)
   _, flat = _settings(unknown, known, target_value, other, margin)
   centre = _starts(unknown, target, relation, full_batch, flat)
-  return _plan_for(unknown, target, relation, full_batch, flat, centre, spread, size_cache)
+  return _plan_for(unknown, target, relation, full_batch, flat, centre, spread, size_cache,
+                   eps_error)
+
+
+# ----------------------------------------------------------------------------------------------
+# Opacus's front door
+
+
+# Opacus's accountant names (``opacus.accountants.create_accountant``) and jaxacct's own, read as
+# jaxacct's certifying accountants: Opacus's "prv" (the PRV accountant of Gopi et al. 2021) is
+# served by the certified PLD accountant, "rdp" by RDP at the best continuous order.
+OPACUS_ACCOUNTANTS = {"prv": "pld", "rdp": "rdp", "pld": "pld", "spa": "spa"}
+_GDP_REFUSED = (
+    "accountant 'gdp' (Opacus's GaussianAccountant) reads epsilon off the central limit theorem "
+    "(Bu et al. 2020: Poisson-subsampled steps taken as mu-GDP with mu = q sqrt(T (e^{1/sigma^2} "
+    "- 1))): an approximation with no error bound, below the true epsilon for few steps or large "
+    "rates, so no noise multiplier from it can be certified; use 'prv' (jaxacct's certified PLD "
+    "accountant, the default) or 'rdp'")
+_WHOLE = 1e-12  # a quotient this close (relative) to a whole number is that number (round-off)
+_OPACUS_KEYWORDS = ("relation", "eps_error", "size_cache", "progress")
+
+
+def steps_from_epochs(epochs, sample_rate) -> int:
+  """The number of steps a run of ``epochs`` epochs at Poisson rate ``sample_rate`` takes:
+  1 / sample_rate steps an epoch, whole steps only (a last partial step is not taken), a
+  quotient within round-off of a whole number being that number. (Opacus's
+  ``int(epochs / sample_rate)`` loses a step there: 0.29 / 0.01 = 28.999999999999996 gives 28
+  steps, while the run takes 29.)"""
+  check_range("epochs", epochs, 0.0, np.inf)
+  check_range("sample_rate", sample_rate, 0.0, 1.0, high_open=False)
+  quotient = float(epochs) / float(sample_rate)
+  nearest = round(quotient)
+  whole = nearest if abs(quotient - nearest) <= _WHOLE * max(1.0, nearest) else int(quotient)
+  if whole < 1:
+    raise ValueError(f"epochs {epochs!r} at sample_rate {sample_rate!r} is {quotient:.6g} steps: "
+                     "less than one whole step")
+  return int(whole)
 
 
 def get_noise_multiplier(*, target_epsilon, target_delta, sample_rate, epochs=None, steps=None,
                          accountant="pld", epsilon_tolerance=0.01, **kwargs) -> float:
-  """Opacus-compatible: the noise multiplier for ``target_epsilon`` at ``target_delta``, as a
-  float. Give ``steps`` or ``epochs`` (steps = int(epochs / sample_rate), as Opacus counts them).
-  The certified upper epsilon at the answer is <= ``target_epsilon`` and within
-  ``epsilon_tolerance`` of it (here much closer: see ``noise_multiplier``). ``accountant``:
-  "pld" (default), "spa" or "rdp"; other keywords go to ``noise_multiplier`` (``relation``).
+  """Opacus-compatible (``opacus.accountants.utils.get_noise_multiplier``, Opacus 1.6): the
+  noise multiplier of DP-SGD with Poisson rate ``sample_rate`` for ``target_epsilon`` at
+  ``target_delta``, as a float.
+
+  Give ``steps`` or ``epochs``; from epochs the steps the run takes are counted
+  (``steps_from_epochs``: a quotient within round-off of a whole number is that number, where
+  Opacus's ``int(epochs / sample_rate)`` may count one less). ``accountant`` takes Opacus's
+  names: "prv" (served by jaxacct's certified PLD accountant; "pld", the default, is the same),
+  "rdp" (RDP at the best continuous order, tighter than Opacus's fixed orders); "gdp" is
+  refused (a central-limit approximation, no bound); jaxacct's "spa" is also taken. (Opacus's
+  default is "rdp"; here the certified PLD, whose sigma is smaller.) As in Opacus, the epsilon
+  at the answer is <= ``target_epsilon`` and within ``epsilon_tolerance`` (absolute) of it,
+  here for the *certified upper* epsilon; the answer lands much closer (the PLD accountant
+  aims 2e-4 max(1, epsilon) below the target, never further than half the tolerance), and a
+  tolerance it cannot meet is refused. Other keywords: ``relation``, ``eps_error`` (PLD),
+  ``size_cache``, ``progress``, as in ``noise_multiplier``.
   """
+  if accountant == "gdp":
+    raise ValueError(_GDP_REFUSED)
+  check_choice("accountant", accountant, tuple(OPACUS_ACCOUNTANTS) + ("gdp",))
+  unknown_keywords = sorted(set(kwargs) - set(_OPACUS_KEYWORDS))
+  if unknown_keywords:
+    raise ValueError(f"{', '.join(unknown_keywords)}: not taken here (get_noise_multiplier "
+                     f"takes {', '.join(_OPACUS_KEYWORDS)}; jaxacct's RDP optimises the order "
+                     "itself)")
   if (steps is None) == (epochs is None):
     raise ValueError("get_noise_multiplier takes either steps or epochs (exactly one)")
-  if steps is None:
-    check_range("epochs", epochs, 0.0, np.inf)
-    steps = int(epochs / sample_rate)
   check_range("epsilon_tolerance", epsilon_tolerance, 0.0, np.inf)
-  return float(noise_multiplier(target_epsilon, target_delta, sample_rate, steps,
-                                accountant=accountant, **kwargs))
+  check_range("target_epsilon", target_epsilon, 0.0, np.inf)
+  if np.ndim(target_epsilon) or np.ndim(epsilon_tolerance):
+    raise ValueError("get_noise_multiplier calibrates one setting: give scalars (or use "
+                     "calibrate.noise_multiplier for a batch)")
+  if steps is None:
+    steps = steps_from_epochs(epochs, sample_rate)
+  ours = OPACUS_ACCOUNTANTS[accountant]
+  sigma = float(_calibrate("noise_multiplier", "epsilon", ours,
+                           kwargs.get("relation", "add_remove"), None, kwargs.get("size_cache"),
+                           target_epsilon, target_delta,
+                           {"sampling_rate": sample_rate, "steps": steps},
+                           kwargs.get("eps_error"), gap=0.5 * float(epsilon_tolerance),
+                           progress=kwargs.get("progress")))
+  upper = float(dpsgd_epsilon(sigma, sample_rate, steps, target_delta, accountant=ours,
+                              relation=kwargs.get("relation", "add_remove"),
+                              eps_error=kwargs.get("eps_error")).upper)
+  if not target_epsilon - upper <= epsilon_tolerance:
+    raise ValueError(f"epsilon_tolerance {epsilon_tolerance:g} cannot be met: the certified upper "
+                     f"epsilon at the answer (sigma {sigma:.10g}) is {upper:.10g}, "
+                     f"{target_epsilon - upper:.3g} below the target (the {ours} accountant's "
+                     "answer lands only as close as its accuracy plans agree); raise "
+                     "epsilon_tolerance")
+  return sigma

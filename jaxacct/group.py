@@ -16,7 +16,10 @@ read by the "pld" (certified, the default), "spa", "edgeworth" and "rdp" account
 
 Static shapes: the mixture has ``max_group_size + 1`` atoms, those above k padded with
 probability 0, so a sweep over k (and over sigma, q, steps, delta) is one batch and one compiled
-program. Weights are computed in log space from products of at most k exact terms (no
+program (under jit, with ``max_group_size`` and a plan). A concrete PLD sweep over several k,
+planned here, is cut into runs of group sizes of similar plan work, each on its own atoms and
+plan (padding every k to the largest one's atoms and grid made k = 1..50 take > 500 s while each
+k alone took 10-21 s): a sweep costs about the sum of its members. Weights are computed in log space from products of at most k exact terms (no
 cancellation of log-gamma values); an atom whose weight underflows float64 (~5e-324) carries
 no mass, which changes delta by less than T K e^epsilon 5e-324.
 
@@ -284,8 +287,13 @@ def group_epsilon(noise_multiplier, steps, delta, group_size, *, sampling_rate=N
   comp = group_composition(noise_multiplier, steps, group_size, sampling_rate=sampling_rate,
                            batch_size=batch_size, dataset_size=dataset_size,
                            max_group_size=max_group_size)
-  out = api.epsilon(comp, delta, accountant=accountant, method=method, eps_error=eps_error,
-                    delta_error=delta_error, plan=plan)
+  options = dict(accountant=accountant, method=method, eps_error=eps_error,
+                 delta_error=delta_error)
+  if _sweeps_group_sizes(group_size, max_group_size, accountant, plan, comp, delta):
+    sampling = dict(sampling_rate=sampling_rate, batch_size=batch_size, dataset_size=dataset_size)
+    return _by_plan_size(group_epsilon, noise_multiplier, steps, delta, group_size, sampling,
+                         options, delta)
+  out = api.epsilon(comp, delta, plan=plan, **options)
   return _no_guarantee_unless_valid(out, group_size, comp, jnp.inf)
 
 
@@ -297,9 +305,13 @@ def group_delta(noise_multiplier, steps, epsilon, group_size, *, sampling_rate=N
   comp = group_composition(noise_multiplier, steps, group_size, sampling_rate=sampling_rate,
                            batch_size=batch_size, dataset_size=dataset_size,
                            max_group_size=max_group_size)
-  out = api.delta(comp, epsilon, accountant=accountant, method=method,
-                  smallest_delta=smallest_delta, eps_error=eps_error, delta_error=delta_error,
-                  plan=plan)
+  options = dict(accountant=accountant, method=method, smallest_delta=smallest_delta,
+                 eps_error=eps_error, delta_error=delta_error)
+  if _sweeps_group_sizes(group_size, max_group_size, accountant, plan, comp, epsilon):
+    sampling = dict(sampling_rate=sampling_rate, batch_size=batch_size, dataset_size=dataset_size)
+    return _by_plan_size(group_delta, noise_multiplier, steps, epsilon, group_size, sampling,
+                         options, 1e-10 if smallest_delta is None else smallest_delta)
+  out = api.delta(comp, epsilon, plan=plan, **options)
   return _no_guarantee_unless_valid(out, group_size, comp, 1.0)
 
 
@@ -313,6 +325,74 @@ def _no_guarantee_unless_valid(bounds, group_size, composition, vacuous):
   return Bounds(jnp.where(valid, bounds.lower, jnp.nan), jnp.where(valid, bounds.estimate, jnp.nan),
                 jnp.where(valid, bounds.upper, vacuous),
                 jnp.where(valid, bounds.status, bounds.status | results.OUT_OF_RANGE))
+
+
+def _sweeps_group_sizes(group_size, max_group_size, accountant, plan, composition, x):
+  """A concrete PLD query over several group sizes, planned here: answered a bucket at a time."""
+  return (accountant == "pld" and plan is None and max_group_size is None
+          and not is_traced((composition, x)) and np.unique(np.asarray(group_size)).size > 1)
+
+
+# A compilation's cost in plan work (``calibrate.plan_points``: ~5 s on 2 busy CPU cores).
+_COMPILE_POINTS = 5e7
+
+
+def _buckets(costs):
+  """Runs of consecutive group sizes (ascending k, ``costs`` their plan work, growing with k: the
+  atoms and the loss range) that minimise the sweep's work: each run computes all its members on
+  its largest member's plan and compiles once (dynamic programming over the split points)."""
+  costs = np.asarray(costs, np.float64)
+  best = np.zeros(len(costs) + 1)  # best[j]: the work of the first j sizes
+  cut = np.zeros(len(costs) + 1, int)
+  for j in range(1, len(costs) + 1):
+    starts = np.arange(j)
+    tops = np.maximum.accumulate(costs[:j][::-1])[::-1]  # the largest of costs[i:j]
+    work = best[:j] + _COMPILE_POINTS + (j - starts) * tops
+    cut[j] = int(np.argmin(work))
+    best[j] = work[cut[j]]
+  runs, j = [], len(costs)
+  while j > 0:
+    runs.append(list(range(cut[j], j)))
+    j = cut[j]
+  return runs[::-1]
+
+
+@float64
+def _by_plan_size(front, noise_multiplier, steps, x, group_size, sampling, options, smallest):
+  """``front`` (``group_epsilon``/``group_delta``) over a sweep of group sizes, one call per
+  bucket of sizes of similar plan work, each with its own atoms (its largest k + 1) and plan. A
+  sweep padded to its largest k would run every setting on the largest one's atoms and grid:
+  k = 1..50 at sigma 2, q 0.01 gave nothing in 500 s, each k alone took 10-21 s. Bucketed, it
+  costs about the sum of its members plus one compilation per bucket."""
+  from jaxacct.calibrate import plan_points  # (calibrate imports this module)
+  given = {name: value for name, value in sampling.items() if value is not None}
+  names = ["noise_multiplier", "steps", "x", "group_size"] + list(given)
+  arrays = np.broadcast_arrays(*(np.asarray(v, np.float64) for v in
+                                 [noise_multiplier, steps, x, group_size] + list(given.values())))
+  shape = arrays[0].shape
+  flat = dict(zip(names, (a.reshape(-1) for a in arrays)))
+  sizes = np.unique(flat["group_size"])
+  costs = []
+  for k in sizes:  # (host planning passes: milliseconds each)
+    rows = flat["group_size"] == k
+    comp = group_composition(flat["noise_multiplier"][rows], flat["steps"][rows], k,
+                             **{name: flat[name][rows] for name in given})
+    eps_error = options.get("eps_error") or 0.01
+    delta_error = options.get("delta_error") or 1e-3
+    smallest_here = flat["x"][rows] if front is group_epsilon else smallest
+    costs.append(plan_points(api.make_plan(comp, smallest_here, eps_error=eps_error,
+                                           delta_error=delta_error), int(k) + 1))
+  fields = {name: np.zeros(flat["x"].size, np.int32 if name == "status" else np.float64)
+            for name in ("lower", "estimate", "upper", "status")}
+  for run in _buckets(costs):
+    members = sizes[run]
+    rows = np.flatnonzero(np.isin(flat["group_size"], members))
+    part = front(flat["noise_multiplier"][rows], flat["steps"][rows], flat["x"][rows],
+                 flat["group_size"][rows], max_group_size=int(members[-1]), **options,
+                 **{name: flat[name][rows] for name in given})
+    for name in fields:
+      fields[name][rows] = np.asarray(getattr(part, name))
+  return Bounds(**{name: jnp.asarray(value.reshape(shape)) for name, value in fields.items()})
 
 
 def group_plan(noise_multiplier, steps, delta, group_size, *, sampling_rate=None,
@@ -352,12 +432,13 @@ class GroupSteps:
     """The largest sensitivity (the starting guess treats it as a Gaussian's)."""
     return float(self.group_size * (1 if self.batch_size is None else 2))
 
-  def upper(self, target, noise_multiplier, sampling_rate, steps, other, accountant):
+  def upper(self, target, noise_multiplier, sampling_rate, steps, other, accountant,
+            eps_error=None):
     """The front door's certified upper of ``target`` ("epsilon" at delta = ``other``, or
     "delta" at epsilon = ``other``)."""
     fn = group_epsilon if target == "epsilon" else group_delta
     return fn(noise_multiplier, steps, other, self.group_size, accountant=accountant,
-              **self.sampling(sampling_rate)).upper
+              eps_error=eps_error, **self.sampling(sampling_rate)).upper
 
 
 # ----------------------------------------------------------------------------------------------

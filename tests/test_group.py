@@ -174,6 +174,85 @@ def test_k1_is_the_subsampled_gaussian_and_q1_the_gaussian_closed_form():
     assert float(got.estimate[i]) == pytest.approx(truth, rel=1e-4)
 
 
+def _one_step_delta(sigma, q, k, eps):
+  """delta(eps) of one Poisson step against groups of k, the worse direction, by mpmath's
+  quadrature at 30 digits, independent of jaxacct and of the stored references: remove, the
+  integral of (P - e^eps Q)_+ with P = sum_j Binom(k, q)_j N(j, sigma^2) and Q = N(0, sigma^2);
+  add, of (Q - e^eps P)_+. The loss log P/Q increases in x, so each integrand is positive on a
+  half-line, whose end (loss = eps, or -eps) is found by bisection."""
+  mpmath = pytest.importorskip("mpmath")
+  with mpmath.workdps(30):
+    p = [math.comb(k, j) * mpmath.mpf(q) ** j * (1 - mpmath.mpf(q)) ** (k - j)
+         for j in range(k + 1)]
+    big_p = lambda x: sum(pj * mpmath.npdf(x, j, sigma) for j, pj in enumerate(p))
+    big_q = lambda x: mpmath.npdf(x, 0, sigma)
+    loss = lambda x: mpmath.log(big_p(x) / big_q(x))
+    tilt = mpmath.exp(eps)
+    span = [-40 * sigma, 40 * sigma + k]
+    edge = mpmath.findroot(lambda x: loss(x) - eps, span, solver="bisect")
+    remove = mpmath.quad(lambda x: big_p(x) - tilt * big_q(x), [edge, edge + 10 * sigma, mpmath.inf])
+    add = mpmath.mpf(0)
+    if mpmath.log(p[0]) < -eps:  # (else the loss never falls to -eps: no mass on the add side)
+      edge = mpmath.findroot(lambda x: loss(x) + eps, span, solver="bisect")
+      add = mpmath.quad(lambda x: big_q(x) - tilt * big_p(x), [-mpmath.inf, edge - 10 * sigma, edge])
+    return float(max(remove, add))
+
+
+def test_one_step_matches_a_high_precision_integral():
+  """T = 1, without the stored references: the certified delta bracket holds the 30-digit
+  integral, and epsilon at that delta brackets the epsilon it was computed at."""
+  sigmas, rates, epsilons = np.array([1.0, 2.0]), np.array([0.05, 0.2]), np.array([1.0, 0.5])
+  truth = np.array([_one_step_delta(*setting, 3, eps)
+                    for *setting, eps in zip(sigmas, rates, epsilons)])
+  got = jaxacct.group_delta(sigmas, 1, epsilons, 3, sampling_rate=rates)
+  assert np.all(np.asarray(got.lower) <= truth) and np.all(truth <= np.asarray(got.upper))
+  np.testing.assert_allclose(np.asarray(got.estimate), truth, rtol=1e-2)
+  back = jaxacct.group_epsilon(sigmas, 1, truth, 3, sampling_rate=rates)
+  assert np.all(np.asarray(back.lower) <= epsilons)
+  assert np.all(epsilons <= np.asarray(back.upper))
+
+
+def test_against_dp_accounting_computed_here():
+  """dp-accounting's MixtureOfGaussians PLD computed in the test (not read from the stored
+  file), coarse (1e-3) for speed: its pessimistic value bounds the truth above and its
+  optimistic one below, so they bracket jaxacct's certified bracket's ends from outside; the
+  estimate is within 1e-3 of the pessimistic value (its connect-the-dots bias at 1e-3)."""
+  from dp_accounting.pld import privacy_loss_distribution as pldlib
+  sigma, q, k, steps, delta = 2.0, 0.01, 2, 100, 1e-5
+  probs = list(stats.binom.pmf(np.arange(k + 1), k, q))
+  theirs = [pldlib.from_mixture_gaussian_mechanism(
+      sigma, list(range(k + 1)), probs, pessimistic_estimate=pessimistic,
+      value_discretization_interval=1e-3, use_connect_dots=pessimistic).self_compose(
+          steps).get_epsilon_for_delta(delta) for pessimistic in (True, False)]
+  ours = jaxacct.group_epsilon(sigma, steps, delta, k, sampling_rate=q)
+  assert theirs[1] <= float(ours.upper) and float(ours.lower) <= theirs[0]
+  assert float(ours.estimate) == pytest.approx(theirs[0], rel=1e-3)
+
+
+def test_a_sweep_of_group_sizes_is_answered_by_buckets_of_plan_size(monkeypatch):
+  """Issue 29 item 9: group_epsilon over k = 1..50 gave nothing in 500 s (every k on k = 50's
+  51 atoms and grid) while each k alone took 10-21 s. The sweep is cut into runs of group sizes
+  of similar plan work, each on its own atoms: the buckets here (small ones merged, since a
+  compilation costs more than their work) and one k against its own call."""
+  runs = group._buckets([1e5, 1.2e5, 2e5, 3e7, 3.5e7, 9e7, 2e8])
+  assert runs[0] == [0, 1, 2] and runs[-1] == [6] and sum(map(len, runs)) == 7
+  assert group._buckets([5.0]) == [[0]]
+  calls = []
+  front = group.group_epsilon
+
+  def recording(*args, **kwargs):
+    calls.append((np.asarray(args[3]).copy(), kwargs.get("max_group_size")))
+    return front(*args, **kwargs)
+
+  monkeypatch.setattr(group, "group_epsilon", recording)
+  monkeypatch.setattr(group, "_COMPILE_POINTS", 1.0)  # (every size its own bucket here)
+  out = front(2.0, 100, 1e-5, np.array([1, 2, 1]), sampling_rate=0.005)
+  assert [m for _, m in calls] == [1, 2] and out.upper.shape == (3,)
+  assert out.upper.dtype == np.float64 and float(out.upper[0]) == float(out.upper[2])
+  alone = front(2.0, 100, 1e-5, 2, sampling_rate=0.005)
+  assert float(out.upper[1]) == float(alone.upper)
+
+
 def test_fixed_batch_at_twice_the_noise_is_close_to_poisson():
   """n >> B >> k: Hypergeometric(B, n + k, k) ~ Binomial(k, B/n) and the atoms are doubled, so
   fixed batches at 2 sigma give nearly Poisson's epsilon at sigma (the paper's Fig. 2), slightly
