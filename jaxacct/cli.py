@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -28,13 +29,28 @@ import sys
 _ACCOUNTANTS = ("pld", "spa", "edgeworth", "gdp", "rdp")
 
 
-def _setting_arguments(cmd, steps, when=""):
-  """The DP-SGD setting's options (``when``: a note on when they are read)."""
-  cmd.add_argument("--noise-multiplier", type=float, default=1.0,
+class number(float):  # pylint: disable=invalid-name  (argparse names the type in its errors)
+  """A number from the command line that keeps the text typed, so a message can quote it."""
+
+  def __new__(cls, text):
+    value = super().__new__(cls, text)
+    value.typed = text
+    return value
+
+
+def _typed(value):
+  """The text the user typed for an option's value (its default's value where none was)."""
+  return getattr(value, "typed", f"{value:g} (the default)" if value is not None else "none")
+
+
+def _setting_arguments(cmd, steps, when="", kind=float):
+  """The DP-SGD setting's options (``when``: a note on when they are read; ``kind``: the type
+  of their values)."""
+  cmd.add_argument("--noise-multiplier", type=kind, default=1.0,
                    help=f"noise standard deviation / clip norm{when} (default 1.0)")
-  cmd.add_argument("--sampling-rate", type=float, default=None,
+  cmd.add_argument("--sampling-rate", type=kind, default=None,
                    help=f"Poisson sampling probability q in (0, 1]{when} (default 0.01)")
-  cmd.add_argument("--steps", type=float, default=steps,
+  cmd.add_argument("--steps", type=kind, default=steps,
                    help=f"number of steps, a whole number{when} (default {steps})")
 
 
@@ -68,13 +84,16 @@ def _parser() -> argparse.ArgumentParser:
                        "meets a budget (noise multiplier by default)")
   cal.add_argument("--solve-for", choices=("noise-multiplier", "sampling-rate", "steps"),
                    default="noise-multiplier", help="the unknown (default noise-multiplier)")
-  cal.add_argument("--epsilon", type=float, default=2.0, help="epsilon budget (default 2)")
-  cal.add_argument("--delta", type=float, default=1e-5, help="delta (default 1e-5)")
-  _setting_arguments(cal, 1000, when=", when not solved for")
+  cal.add_argument("--epsilon", type=number, default=2.0, help="epsilon budget (default 2)")
+  cal.add_argument("--delta", type=number, default=1e-5, help="delta (default 1e-5)")
+  _setting_arguments(cal, 1000, when=", when not solved for", kind=number)
   cal.add_argument("--relation", choices=("add_remove", "replace_one"), default="add_remove",
                    help="neighbouring relation (default add_remove)")
   cal.add_argument("--accountant", choices=("pld", "spa", "rdp"), default="pld",
                    help="a certifying accountant: pld (default), spa, rdp")
+  cal.add_argument("--eps-error", type=number, default=None,
+                   help="pld accountant only: its accuracy (default 0.01); a larger one serves "
+                        "settings whose plans would be too large")
   _group_arguments(cal)
   cal.add_argument("--json", action="store_true", help="print one JSON object on stdout")
   _demo_arguments(sub)
@@ -154,22 +173,85 @@ def _demo_arguments(sub):
                     help="print the summary as one JSON object on stdout (no progress bar)")
 
 
+_OPTIONS = {"epsilon": "--epsilon", "delta": "--delta", "noise_multiplier": "--noise-multiplier",
+            "sampling_rate": "--sampling-rate", "steps": "--steps", "eps_error": "--eps-error"}
+
+
+def _check_calibration(args, unknown):
+  """Every number the calibration reads, checked before anything is computed; a message names
+  the option and the text typed (``--sampling-rate 0: sampling_rate must be ...``)."""
+  from jaxacct import _inputs
+  positive = lambda name, high=math.inf, **kw: (
+      lambda v: _inputs.check_range(name, v, 0.0, high, **kw))
+  checks = {"epsilon": positive("epsilon"), "delta": _inputs.check_delta,
+            "noise_multiplier": positive("noise_multiplier"),
+            "sampling_rate": positive("sampling_rate", 1.0, high_open=False),
+            "steps": lambda v: (_inputs.check_range("steps", v, 1.0, math.inf, low_open=False),
+                                _inputs.check_whole("steps", v)),
+            "eps_error": positive("eps_error", 1.0, high_open=False)}
+  for name, check in checks.items():
+    value = getattr(args, name)
+    if name == unknown or (name == "eps_error" and value is None) or (
+        name == "sampling_rate" and args.sampling == "fixed"):
+      continue
+    try:
+      check(value)
+    except ValueError as err:
+      raise ValueError(f"{_OPTIONS[name]} {_typed(value)}: {err}") from None
+
+
+class _Progress:
+  """The calibration's stages on stderr, for long runs: a tqdm bar (the 'demo' extra) that shows
+  after two seconds and only on a terminal; without tqdm, nothing."""
+
+  def __init__(self, enabled):
+    self.bar = None
+    if enabled:
+      try:
+        from tqdm import tqdm
+      except ImportError:
+        return
+      self.bar = tqdm(total=None, desc="calibrating", unit=" stage", delay=2.0,
+                      file=sys.stderr, leave=False, disable=None)
+
+  def __call__(self, text):
+    if self.bar is not None:
+      self.bar.set_description_str(text)
+      self.bar.update(1)
+
+  def close(self):
+    if self.bar is not None:
+      self.bar.close()
+
+
+def _with_progress(args, solve):
+  """``solve(progress)`` with a progress bar unless ``--json``."""
+  progress = _Progress(not args.json)
+  try:
+    return solve(progress)
+  finally:
+    progress.close()
+
+
 def _calibrate(jaxacct, args) -> int:
-  """``jaxacct calibrate``: solve, then report the certified upper epsilon at the answer."""
+  """``jaxacct calibrate``: check, solve, then report the certified upper epsilon at the
+  answer."""
   unknown = args.solve_for.replace("-", "_")
+  _check_calibration(args, unknown)
   if _is_group(args):
     return _calibrate_group(jaxacct, args, unknown)
   setting = {"noise_multiplier": args.noise_multiplier, "sampling_rate": args.sampling_rate,
              "steps": args.steps}
-  known = {k: v for k, v in setting.items() if k != unknown}
-  value = float(getattr(jaxacct.calibrate, unknown)(args.epsilon, args.delta, **known,
-                                                     accountant=args.accountant,
-                                                     relation=args.relation))
+  known = {k: float(v) for k, v in setting.items() if k != unknown}
+  value = float(_with_progress(args, lambda progress: getattr(jaxacct.calibrate, unknown)(
+      float(args.epsilon), float(args.delta), **known, accountant=args.accountant,
+      relation=args.relation, eps_error=_plain(args.eps_error), progress=progress)))
+  setting = {k: float(v) for k, v in setting.items()}
   setting[unknown] = int(value) if unknown == "steps" else value
   setting["steps"] = int(setting["steps"])
   bounds = jaxacct.dpsgd_epsilon(setting["noise_multiplier"], setting["sampling_rate"],
-                                 setting["steps"], args.delta, relation=args.relation,
-                                 accountant=args.accountant)
+                                 setting["steps"], float(args.delta), relation=args.relation,
+                                 accountant=args.accountant, eps_error=_plain(args.eps_error))
   out = {"solve_for": unknown, **setting, "epsilon": float(bounds.upper),
          "target_epsilon": args.epsilon, "delta": args.delta, "relation": args.relation,
          "accountant": args.accountant}
@@ -192,11 +274,14 @@ def _calibrate_group(jaxacct, args, unknown) -> int:
     raise ValueError("group-level DP is accounted for add/remove of up to k examples only")
   group_size = 1.0 if args.group_size is None else args.group_size
   options = _group_options(args)
-  sigma = float(jaxacct.calibrate.group_noise_multiplier(
-      args.epsilon, args.delta, args.steps, group_size, accountant=args.accountant, **options))
+  sigma = float(_with_progress(args, lambda progress: jaxacct.calibrate.group_noise_multiplier(
+      float(args.epsilon), float(args.delta), float(args.steps), group_size,
+      accountant=args.accountant, eps_error=_plain(args.eps_error), progress=progress,
+      **options)))
   args.noise_multiplier = sigma
-  bounds = jaxacct.group_epsilon(sigma, args.steps, args.delta, group_size,
-                                 accountant=args.accountant, **options)
+  bounds = jaxacct.group_epsilon(sigma, float(args.steps), float(args.delta), group_size,
+                                 accountant=args.accountant, eps_error=_plain(args.eps_error),
+                                 **options)
   out = {"solve_for": unknown, **_group_setting(args), "epsilon": float(bounds.upper),
          "target_epsilon": args.epsilon, "delta": args.delta, "accountant": args.accountant}
   if args.json:
@@ -206,6 +291,11 @@ def _calibrate_group(jaxacct, args, unknown) -> int:
         f"{args.delta:g} against groups of {out['group_size']} ({args.accountant} accountant)")
   print(f"  certified upper epsilon at that value: {out['epsilon']:.6f}")
   return 0
+
+
+def _plain(value):
+  """A number as a plain float (None stays None)."""
+  return None if value is None else float(value)
 
 
 def _demo(args) -> int:

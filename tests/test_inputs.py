@@ -339,3 +339,65 @@ def test_cli_no_steps_answers_at_once():
     rows = out["results"] if command == ["compare"] else [out]
     for row in rows:
       assert (row["lower"], row["estimate"], row["upper"], row["status"]) == (0, 0, 0, 0), row
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. The calibrate command: its numbers checked before anything is computed; a progress bar.
+
+BAD_CALIBRATE = [(["--sampling-rate", "0"], "--sampling-rate 0: sampling_rate"),
+                 (["--steps", "2.5"], "--steps 2.5: steps"),
+                 (["--delta", "1"], "--delta 1: delta"),
+                 (["--epsilon", "-1"], "--epsilon -1: epsilon"),
+                 (["--solve-for", "steps", "--noise-multiplier", "0"],
+                  "--noise-multiplier 0: noise_multiplier"),
+                 (["--eps-error", "2"], "--eps-error 2: eps_error")]
+
+
+@pytest.mark.parametrize("argv,named", BAD_CALIBRATE, ids=[" ".join(a) for a, _ in BAD_CALIBRATE])
+def test_cli_calibrate_checks_its_numbers_before_computing(argv, named, capsys, monkeypatch):
+  """`jaxacct calibrate --sampling-rate 0` computed for 10 s before saying "got array([0., 0.])":
+  the option and the text typed are named at once (nothing is computed: the calibration
+  functions here fail if called)."""
+  def computed(*args, **kwargs):
+    raise AssertionError("a calibration ran")
+
+  for name in ("noise_multiplier", "sampling_rate", "steps", "group_noise_multiplier"):
+    monkeypatch.setattr(jaxacct.calibrate, name, computed)
+  assert jaxacct.cli.main(["calibrate", *argv]) == 2
+  captured = capsys.readouterr()
+  lines = _nonempty_lines(captured.err)
+  assert captured.out == "" and len(lines) == 1 and named in lines[0], captured.err
+
+
+def test_cli_calibrate_shows_its_stages_on_a_progress_bar(capsys, monkeypatch):
+  """tqdm (the 'demo' extra) draws the stages, shown after 2 s and only on a terminal (tqdm's
+  disable=None); --json runs draw none; without tqdm nothing is drawn."""
+  import types
+  bars = []
+
+  class Bar:
+    def __init__(self, **kwargs):
+      self.kwargs, self.stages, self.closed = kwargs, [], False
+      bars.append(self)
+
+    def set_description_str(self, text):
+      self.stages.append(text)
+
+    def update(self, _):
+      pass
+
+    def close(self):
+      self.closed = True
+
+  monkeypatch.setitem(sys.modules, "tqdm", types.SimpleNamespace(tqdm=Bar))
+  argv = ["calibrate", "--accountant", "rdp", "--steps", "100"]
+  assert jaxacct.cli.main(argv) == 0
+  (bar,) = bars
+  assert bar.closed and bar.kwargs["delay"] >= 2 and bar.kwargs["disable"] is None
+  assert bar.stages[0].startswith("starting point") and "certified search 1" in bar.stages
+  assert "noise_multiplier =" in capsys.readouterr().out
+  assert jaxacct.cli._Progress(enabled=False).bar is None and len(bars) == 1  # (--json)
+  monkeypatch.setitem(sys.modules, "tqdm", None)  # (import tqdm raises ImportError)
+  quiet = jaxacct.cli._Progress(enabled=True)
+  quiet("a stage")
+  assert quiet.bar is None and len(bars) == 1
