@@ -102,7 +102,8 @@ EDGES = [
     ("eps 50, q 1e-6, T 1", "calibrate.noise_multiplier(50.0, 1e-12, 1e-6, 1)"),
     ("eps 0.01, delta 0.1, q 1e-6, T 1e7", "calibrate.noise_multiplier(0.01, 0.1, 1e-6, 10**7)"),
     ("eps 2, q 1e-6, T 1e7", "calibrate.noise_multiplier(2.0, 1e-5, 1e-6, 10**7)"),
-    ("eps 3.08, q 3.41e-5, T 4.4e6", "calibrate.noise_multiplier(3.08, 0.0229, 3.41e-5, 4_387_004)"),
+    ("eps 3.08, q 3.41e-5, T 4.4e6",
+     "calibrate.noise_multiplier(3.08, 0.0229, 3.41e-5, 4_387_004)"),
     ("group k = 1..50", "jaxacct.group_epsilon(2.0, 500, 1e-6, np.arange(1, 51), "
                         "sampling_rate=0.01).upper"),
 ]

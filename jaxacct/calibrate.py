@@ -320,11 +320,12 @@ def _atoms(relation):
 
 def plan_points(plan, atoms=2) -> int:
   """The work of one certified value on ``plan``, in grid points (~0.1 us each, measured on 2
-  busy CPU cores): the FFT; the per-step grid, whose loss CDFs cost about two points per atom of the loss
-  model (``atoms``: 2 for DP-SGD's subsampled Gaussian, k + 1 against groups of k); and the low
-  band's direct sums, one per frequency and block of the per-step grid (``spectrum.
-  low_log_spectrum``: for a step whose loss is narrow against its range, e.g. a small sampling
-  rate, these dominate, and a coarser grid does not shrink them). ``MAX_PLAN_POINTS`` bounds it."""
+  busy CPU cores): the FFT; the per-step grid, whose loss CDFs cost about two points per atom of
+  the loss model (``atoms``: 2 for DP-SGD's subsampled Gaussian, k + 1 against groups of k); and
+  the low band's direct sums, one per frequency and block of the per-step grid
+  (``spectrum.low_log_spectrum``: for a step whose loss is narrow against its range, e.g. a small
+  sampling rate, these dominate, and a coarser grid does not shrink them). ``MAX_PLAN_POINTS``
+  bounds it."""
   per_step, fft, low, block, _ = plan.sizes
   return int(fft) + 2 * int(atoms) * int(per_step) + int(low) * -(-int(per_step) // int(block))
 

@@ -19,7 +19,9 @@ probability 0, so a sweep over k (and over sigma, q, steps, delta) is one batch 
 program (under jit, with ``max_group_size`` and a plan). A concrete PLD sweep over several k,
 planned here, is cut into runs of group sizes of similar plan work, each on its own atoms and
 plan (padding every k to the largest one's atoms and grid made k = 1..50 take > 500 s while each
-k alone took 10-21 s): a sweep costs about the sum of its members. Weights are computed in log space from products of at most k exact terms (no
+k alone took 10-21 s): a sweep costs about the sum of its members.
+
+Weights are computed in log space from products of at most k exact terms (no
 cancellation of log-gamma values); an atom whose weight underflows float64 (~5e-324) carries
 no mass, which changes delta by less than T K e^epsilon 5e-324.
 

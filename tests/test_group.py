@@ -190,11 +190,13 @@ def _one_step_delta(sigma, q, k, eps):
     tilt = mpmath.exp(eps)
     span = [-40 * sigma, 40 * sigma + k]
     edge = mpmath.findroot(lambda x: loss(x) - eps, span, solver="bisect")
-    remove = mpmath.quad(lambda x: big_p(x) - tilt * big_q(x), [edge, edge + 10 * sigma, mpmath.inf])
+    remove = mpmath.quad(lambda x: big_p(x) - tilt * big_q(x),
+                         [edge, edge + 10 * sigma, mpmath.inf])
     add = mpmath.mpf(0)
     if mpmath.log(p[0]) < -eps:  # (else the loss never falls to -eps: no mass on the add side)
       edge = mpmath.findroot(lambda x: loss(x) + eps, span, solver="bisect")
-      add = mpmath.quad(lambda x: big_q(x) - tilt * big_p(x), [-mpmath.inf, edge - 10 * sigma, edge])
+      add = mpmath.quad(lambda x: big_q(x) - tilt * big_p(x),
+                        [-mpmath.inf, edge - 10 * sigma, edge])
     return float(max(remove, add))
 
 
