@@ -138,7 +138,7 @@ class Plan:
   steps: int
   budget_steps: int
   noise_multiplier: float
-  config: object
+  config: "training.DPConfig"
 
 
 def _config(s: DemoSettings, n: int, budget_steps: int, sigma: float):
@@ -316,6 +316,11 @@ def plot_all(summary, individual, train_data, history, out):
   return paths
 
 
+def _filtered(summary):
+  """Whether the summary's run was held by the individual RDP filter."""
+  return "epsilon_worst_case_all_steps" in summary
+
+
 def _plot_histogram(plt, summary, individual):
   fig, ax = plt.subplots(figsize=(7, 4.2))
   top = max(float(np.max(v)) for v in individual.values())
@@ -323,10 +328,11 @@ def _plot_histogram(plt, summary, individual):
   labels = {"pld": "PLD (per-example composition)", "rdp": "RDP (per-example, orders)"}
   for name, values in individual.items():
     ax.hist(values, bins=bins, alpha=0.6, label=labels[name])
-  adaptive = "filter's guarantee" if summary["budget_steps"] < summary["steps"] else "worst case"
+  filtering = _filtered(summary)
+  adaptive = "filter's guarantee" if filtering else "worst case"
   ax.axvline(summary["epsilon"], color="k", ls="--",
              label=f"{adaptive} {summary['epsilon']:.3f} (holds under adaptivity)")
-  spent = ("spent so far by the filter's ledger" if summary["budget_steps"] < summary["steps"]
+  spent = ("spent so far by the filter's ledger" if filtering
            else "realised norms taken as fixed in advance")
   ax.set_xlabel(f"individual epsilon at delta = {summary['delta']:g} ({spent})")
   ax.set_ylabel("training examples")
@@ -344,8 +350,8 @@ def _plot_training(plt, summary, history):
   axes[0].set_ylim(0, 1)
   axes[1].plot(history.steps, history.epsilon, marker=".", color="C3")
   axes[1].axhline(summary["target_epsilon"], color="k", ls="--", label="budget")
-  axes[1].set_ylabel("epsilon spent (most by any example)" if summary["budget_steps"] <
-                     summary["steps"] else "worst-case epsilon spent")
+  axes[1].set_ylabel("epsilon spent (most by any example)" if _filtered(summary)
+                     else "worst-case epsilon spent")
   axes[1].legend()
   axes[2].plot(history.steps, history.active, marker=".", color="C2")
   axes[2].set_ylabel("examples active (not retired)")

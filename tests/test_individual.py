@@ -762,16 +762,33 @@ def test_filters_never_admit_more_than_they_charge_whatever_the_indices(seed):
     assert admitted.max() <= 1
 
 
-def test_subsampled_rdp_filter_charges_the_largest_copy(x64_off):
+@pytest.mark.parametrize("copies", [[0.1, 0.9], [0.9, 0.1]])
+def test_subsampled_rdp_filter_charges_the_largest_copy(copies, x64_off):
   """q < 1: the listing bounds each example's norm; an example listed twice is charged the
-  larger of its copies' charges, and only its first copy is returned active."""
+  larger of its copies' charges (whichever comes first), and only its first copy is active."""
   f = individual.rdp_filter(individual.rdp_budget(2.0, 0.1, 10), 1.0, 2.0, 3, sampling_rate=0.1)
   update = jax.jit(f.update)
-  state, active = update(f.init(), jnp.array([0.1, 0.9, 0.2]), jnp.array([0, 0, 1]),
+  state, active = update(f.init(), jnp.array(copies + [0.2]), jnp.array([0, 0, 1]),
                          jnp.ones(3, bool))
   assert np.asarray(active).tolist() == [True, False, True]
   large, _ = update(f.init(), jnp.array([0.9]), jnp.array([0]), jnp.ones(1, bool))
   np.testing.assert_array_equal(np.asarray(state.spent)[0], np.asarray(large.spent)[0])
+
+
+def test_narrow_index_dtypes_cannot_reach_another_example(x64_off):
+  """uint8 indices with N = 300: the padding sentinel (N) must not wrap onto example 44, and
+  examples above 255 stay reachable by wider indices (the batch's indices are widened)."""
+  for f in (individual.gdp_filter(10.0, 1.0, 1.0, 300),
+            individual.rdp_filter(individual.rdp_budget(1.0, 1.0, 50), 1.0, 1.0, 300)):
+    update = jax.jit(f.update)
+    state = f.init()
+    for _ in range(10):
+      state, _ = update(state, jnp.ones(1), jnp.array([44], jnp.int32), jnp.ones(1, bool))
+    before = np.asarray(f.odometer(state, 1e-5))[44]
+    state, active = update(state, jnp.ones(2), jnp.array([7, 9], jnp.uint8),
+                           jnp.array([False, True]))
+    assert np.asarray(active).tolist() == [False, True]
+    assert np.asarray(f.odometer(state, 1e-5))[44] == before > 1.0
 
 
 def test_bucket_counter_counts_an_example_once_per_step_under_jit(x64_off):
@@ -791,6 +808,28 @@ def test_bucket_counter_counts_an_example_once_per_step_under_jit(x64_off):
   assert eps[0] >= honest and eps[0] == eps[1]
   report = counter.report(state, 1e-5)
   assert report.pld.upper[0] >= honest * (1 - 1e-3) and np.all(np.isfinite(report.pld.upper))
+
+
+def test_bucket_counter_counts_copies_once_at_their_largest_norm(x64_off):
+  counter = individual.bucket_counter(2.0, 1.0, 0.1, 3)
+  update = jax.jit(counter.update)
+  state = update(counter.init(), jnp.array([0.1, 0.6, 0.3]), jnp.array([0, 0, 1]),
+                 jnp.ones(3, bool))
+  alone = update(counter.init(), jnp.array([0.6]), jnp.array([0]), jnp.ones(1, bool))
+  np.testing.assert_array_equal(np.asarray(state.counts)[0], np.asarray(alone.counts)[0])
+  assert np.asarray(state.counts).sum() == 2
+
+
+def test_bucket_odometer_of_an_impossible_ledger_is_infinite(x64_off):
+  """A ledger no update can produce (restored from elsewhere, or forged): more counts than steps
+  or a negative count gives +inf, never a small epsilon."""
+  counter = individual.bucket_counter(2.0, 1.0, 0.1, 3)
+  counts = np.zeros((3, individual.noise_grid(2.0).size), np.int32)
+  counts[0, 5], counts[1, 0], counts[1, 7] = 5, 3, -2
+  state = individual.BucketState(jnp.asarray(counts), jnp.asarray(4, jnp.int32),
+                                 jnp.zeros(3, bool))
+  eps = np.asarray(jax.jit(counter.odometer, static_argnums=1)(state, 1e-5))
+  assert np.isinf(eps[:2]).all() and np.isfinite(eps[2])
 
 
 def test_bucket_counter_at_q_1_voids_an_example_listed_twice(x64_off):

@@ -546,19 +546,49 @@ def test_private_aggregate_keeps_its_weights_inside_a_chain():
   np.testing.assert_allclose(np.asarray(out["w"]), [-2.0, -1.0], atol=1e-5)
 
 
-@pytest.mark.parametrize("changes", [dict(), dict(sampler="full", accountant="gdp_filter")],
-                         ids=["poisson", "full_gdp_filter"])
+@pytest.mark.parametrize("changes", [dict(), dict(sampler="full", accountant="gdp_filter"),
+                                     dict(accountant="bucket_counter")],
+                         ids=["poisson", "full_gdp_filter", "poisson_counter"])
 def test_step_runs_without_jit_on_host_data(changes):
-  """trainer.step called eagerly with numpy data gives the compiled step's result."""
+  """trainer.step called eagerly with numpy data gives the compiled step's result, also with
+  an example whose gradient is not finite (left out of the sum, charged as clipped)."""
   config = _config(**changes)
   trainer, step = _trainer(config)
-  host = jax.tree_util.tree_map(np.asarray, _data())
+  data = _data()
+  data["x"] = data["x"].at[3, 0].set(jnp.nan)
+  host = jax.tree_util.tree_map(np.asarray, data)
   state = trainer.init(_params(), jax.random.PRNGKey(7), host)
   eager, metrics = trainer.step(state, host)
-  compiled, _ = step(state, _data())
-  assert bool(metrics.ran)
+  compiled, _ = step(state, data)
+  assert bool(metrics.ran) and np.all(np.isfinite(np.asarray(eager.params["w1"])))
   for a, b in zip(jax.tree_util.tree_leaves(eager), jax.tree_util.tree_leaves(compiled)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+def test_dp_gd_bucket_counter_counts_each_example_once_per_step_at_its_norm():
+  """DP-GD with the bucket counter: one count per example and step, at the norm its gradient
+  was clipped with (against the counter fed the per-example norms computed apart)."""
+  config = _config(sampler="full", accountant="bucket_counter", steps=3)
+  trainer, step = _trainer(config)
+  state = trainer.init(_params(), jax.random.PRNGKey(7), _data())
+  counter = training.step.individual_accountant(config)
+  reference = counter.init()
+  for _ in range(3):
+    _, grads = gradients.per_example_gradients(_loss, state.params, _data())
+    reference = counter.update(reference, gradients.global_norms(grads), jnp.arange(N),
+                               jnp.ones(N, bool))
+    state, _ = step(state, _data())
+  counts = np.asarray(state.ledger.individual.counts)
+  assert counts.sum(axis=1).tolist() == [3] * N
+  assert np.abs(counts - np.asarray(reference.counts)).sum() <= 4  # (a few boundary ulps)
+
+
+@pytest.mark.parametrize("target", [0.3, 1.0, 4.0])
+def test_gdp_filter_guarantee_stays_at_or_below_its_target(target):
+  config = _config(sampler="full", accountant="gdp_filter", steps=4, noise_multiplier=20.0,
+                   target_epsilon=target)
+  guarantee = training.step.individual_accountant(config).guarantee(config.delta)
+  assert target * (1 - 1e-9) <= guarantee <= target
 
 
 def _ledger_file(directory, step):
@@ -660,3 +690,7 @@ def test_calibrate_meets_the_rdp_filters_guarantee():
   assert accountant.get_epsilon(1e-5) == pytest.approx(planned, rel=1e-5)
   with pytest.raises(ValueError, match="target_epsilon"):
     training.calibrate(tuned, 0.0)
+  floor = individual.rdp_epsilon(np.zeros(len(individual.DEFAULT_ORDERS)),
+                                 individual.DEFAULT_ORDERS, 1e-5)
+  with pytest.raises(ValueError, match=f"epsilon > {float(floor):.4g} whatever the noise"):
+    training.calibrate(tuned, 0.9 * float(floor))

@@ -43,7 +43,7 @@ from jaxacct.individual import _directed, _grid
 from jaxacct.individual.filters import (DEFAULT_ORDERS, _check_count, _check_rate,
                                         _checked_batch, _dtype, _ledger_norms, _positive,
                                         _rdp_odometer, _rounded_step_rdp, _step_rdp, first_copies,
-                                        rdp_epsilon)
+                                        listed, rdp_epsilon)
 from jaxacct.individual._directed import host_round
 from jaxacct.pld import accountant as _pld
 from jaxacct.pld import plan as _plan
@@ -157,8 +157,8 @@ def bucket_counter(noise_multiplier, clip_norm, sampling_rate, num_examples, *, 
     norms, indices, valid = _checked_batch(norms, indices, valid, num_examples)
     ratio = _directed.clipped_ratio(_ledger_norms(norms, dtype), clip)
     first = first_copies(indices, valid, num_examples)
-    listed = valid & (indices >= 0) & (indices < num_examples)
-    rows = jnp.where(listed, indices, num_examples)
+    entered = listed(indices, valid, num_examples)
+    rows = jnp.where(entered, indices, num_examples)
     # Each example's smallest noise among its copies (the grid's columns rise with the noise).
     column = jnp.full(num_examples + 1, grid.size, jnp.int32).at[rows].min(
         _grid.bucket(ratio, thresholds).astype(jnp.int32))
@@ -166,7 +166,7 @@ def bucket_counter(noise_multiplier, clip_norm, sampling_rate, num_examples, *, 
                              column[rows]].add(1, mode="drop")
     repeated = state.repeated
     if q == 1:
-      repeated = repeated.at[jnp.where(listed & ~first, indices, num_examples)].set(
+      repeated = repeated.at[jnp.where(entered & ~first, indices, num_examples)].set(
           True, mode="drop")
     return BucketState(counts, state.steps + 1, repeated)
 
@@ -183,13 +183,13 @@ def bucket_counter(noise_multiplier, clip_norm, sampling_rate, num_examples, *, 
     orders = np.asarray(DEFAULT_ORDERS, np.float64)
     table = _odometer_table(tuple(grid.tolist()), q, np.dtype(dtype))
     counts = state.counts.astype(dtype)
-    listed = jnp.sum(state.counts, axis=1)
+    counted = jnp.sum(state.counts, axis=1)
     if q < 1:
-      unlisted = jnp.maximum(state.steps - listed, 0)
+      unlisted = jnp.maximum(state.steps - counted, 0)
       counts = counts.at[:, 0].add(unlisted.astype(dtype))
     spent = (counts @ jnp.asarray(table)) * (1 + 4 * (grid.size + 2) * float(jnp.finfo(dtype).eps))
     eps = jnp.where(state.steps == 0, 0.0, _rdp_odometer(spent, orders, float(delta)))
-    impossible = state.repeated | (listed > state.steps) | jnp.any(state.counts < 0, axis=1)
+    impossible = state.repeated | (counted > state.steps) | jnp.any(state.counts < 0, axis=1)
     return jnp.where(impossible, jnp.inf, eps)
 
   spec = dict(accountant="bucket_counter", dtype=np.dtype(dtype).name, sampling_rate=q,

@@ -124,6 +124,8 @@ def _checked_batch(norms, indices, valid, num_examples):
                      f"{norms.shape}, {indices.shape} and {valid.shape}")
   if not jnp.issubdtype(indices.dtype, jnp.integer):
     raise ValueError(f"indices must be integers; got dtype {indices.dtype}")
+  if jnp.iinfo(indices.dtype).max < num_examples:  # (widened: N itself marks "no example")
+    indices = indices.astype(jnp.int32)
   if not jnp.issubdtype(norms.dtype, jnp.floating):
     norms = norms.astype(jnp.zeros(()).dtype)
   if valid.dtype != bool:
@@ -142,11 +144,16 @@ def _checked_batch(norms, indices, valid, num_examples):
   return norms, indices, valid
 
 
+def listed(indices, valid, num_examples):
+  """The valid entries whose index is an example, in [0, N) (under ``jit`` others are skipped)."""
+  return valid & (indices >= 0) & (indices < num_examples)
+
+
 def first_copies(indices, valid, num_examples):
-  """``valid`` restricted to indices in [0, N) whose entry is the first valid one of its index:
-  under ``jit`` a repeated index cannot be refused, so its later copies are dropped (a stable
-  sort of the batch, O(B log B): no [N] array per update)."""
-  valid = valid & (indices >= 0) & (indices < num_examples)
+  """``listed`` entries that are the first valid one of their index: under ``jit`` a repeated
+  index cannot be refused, so its later copies are dropped (a stable sort of the batch,
+  O(B log B): no [N] array per update)."""
+  valid = listed(indices, valid, num_examples)
   if indices.shape[0] < 2:
     return valid
   key = jnp.where(valid, indices, num_examples)
@@ -501,10 +508,10 @@ def rdp_filter(budget, clip_norm, noise_multiplier, num_examples, may_return=Tru
 def _listed_charges(shape, worst, charge, indices, valid, num_examples):
   """A subsampled step's charge of every example ([N, orders]): a listed one its own (the
   largest of its copies', should it be listed twice), the others the worst case."""
-  rows = jnp.where(valid & (indices >= 0) & (indices < num_examples), indices, num_examples)
+  rows = jnp.where(listed(indices, valid, num_examples), indices, num_examples)
   largest = jnp.zeros(shape, charge.dtype).at[rows].max(charge, mode="drop")
-  listed = jnp.zeros(shape[0], bool).at[rows].set(True, mode="drop")
-  return jnp.where(listed[:, None], largest, jnp.asarray(worst))
+  charged = jnp.zeros(shape[0], bool).at[rows].set(True, mode="drop")
+  return jnp.where(charged[:, None], largest, jnp.asarray(worst))
 
 
 def _fill_scale(recorded, target, charge):
@@ -525,5 +532,6 @@ def spent_mu(state: FilterState):
   return jnp.where(recorded > 0, _directed.up(jnp.sqrt(recorded)), 0.0)
 
 
-__all__ = ["CERTIFIES", "DEFAULT_ORDERS", "DEFAULT_RTOL", "FilterState", "IndividualFilter", "first_copies", "gdp_filter",
-           "rdp_budget", "rdp_epsilon", "rdp_filter", "spent_mu"]
+__all__ = ["CERTIFIES", "DEFAULT_ORDERS", "DEFAULT_RTOL", "FilterState", "IndividualFilter",
+           "first_copies", "gdp_filter", "listed", "rdp_budget", "rdp_epsilon", "rdp_filter",
+           "spent_mu"]

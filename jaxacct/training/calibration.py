@@ -13,14 +13,17 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
+
 from jaxacct import calibrate as _calibrate
 from jaxacct._inputs import check_range
+from jaxacct.individual import DEFAULT_ORDERS, rdp_epsilon
 from jaxacct.training.sampling import DPConfig
 from jaxacct.training.step import planned_epsilon
 
 # The answer's planned epsilon lies in [(1 - _CLOSE) target, target].
 _CLOSE = 5e-3
-_ROUNDS = 40  # host evaluations of the planned epsilon at most
+_ROUNDS = 40  # evaluations of the planned epsilon at most, in the bracket and in the secant each
 
 
 def _start(config: DPConfig, target: float) -> float:
@@ -43,14 +46,17 @@ def _log_excess(config, sigma, target):
 
 
 def _bracket(excess, sigma, value):
-  """[(sigma, excess) above the target, (sigma, excess) at or below it], grown from ``sigma``
+  """((sigma, excess) above the target, (sigma, excess) at or below it), grown from ``sigma``
   (whose excess is ``value``) geometrically: the excess is near-linear in log sigma."""
   step = max(abs(value), 1e-3)
-  ends = [None, None]
+  above = below = None
   for _ in range(_ROUNDS):
-    ends[value <= 0] = (sigma, value)
-    if None not in ends:
-      return ends
+    if value > 0:
+      above = (sigma, value)
+    else:
+      below = (sigma, value)
+    if above and below:
+      return above, below
     sigma *= math.exp(step if value > 0 else -step)
     step *= 2.0
     value = excess(sigma)
@@ -85,6 +91,17 @@ def _smallest_sigma(excess, sigma):
   return hi
 
 
+def _check_above_rdp_floor(target, delta):
+  """Refuses a target the RDP filter cannot certify at any noise: its guarantee converts RDP at
+  ``DEFAULT_ORDERS``, whose conversion alone costs epsilon > 0 however small the budget."""
+  floor = float(rdp_epsilon(np.zeros(len(DEFAULT_ORDERS)), DEFAULT_ORDERS, delta))
+  if target <= floor:
+    raise ValueError(f"target_epsilon {target:g} is out of the RDP filter's reach at delta "
+                     f"{delta:g}: its conversion at orders up to {max(DEFAULT_ORDERS):g} gives "
+                     f"epsilon > {floor:.4g} whatever the noise (use the worst-case accountant "
+                     f"or the bucket counter, or a larger target)")
+
+
 def calibrate(config: DPConfig, target_epsilon) -> DPConfig:
   """``config`` with the noise multiplier at which the run certifies ``target_epsilon`` at its
   ``delta`` (and ``target_epsilon`` set, so the trainer checks it): the run's
@@ -95,6 +112,8 @@ def calibrate(config: DPConfig, target_epsilon) -> DPConfig:
     raise TypeError(f"config must be a DPConfig; got {type(config).__name__}")
   check_range("target_epsilon", target_epsilon, 0.0, math.inf)
   target = float(target_epsilon)
+  if config.accountant == "rdp_filter":
+    _check_above_rdp_floor(target, config.delta)
   excess = lambda sigma: _log_excess(config, sigma, target)
   return _with_sigma(config, _smallest_sigma(excess, _start(config, target)), target)
 

@@ -93,16 +93,25 @@ def _differences(saved: dict, expected: dict, prefix="") -> list:
   return out
 
 
-def _read(manager, step, directory, metadata=False, **items):
-  """``manager.restore`` of ``items`` (or the names of the saved items); ValueError naming the
-  checkpoint when it cannot be read."""
+def _unreadable(step, directory, error):
+  return ValueError(f"checkpoint {step} in {directory} cannot be read (files missing or "
+                    f"damaged: {type(error).__name__}: {str(error)[:300]})")
+
+
+def _read(manager, step, directory, **items):
+  """``manager.restore`` of ``items``; ValueError naming the checkpoint when it cannot be read."""
   try:
-    if metadata:
-      return set(manager.item_metadata(step).keys())
     return manager.restore(step, args=ocp.args.Composite(**items))
   except Exception as error:  # Orbax and TensorStore raise many kinds for missing or bad files
-    raise ValueError(f"checkpoint {step} in {directory} cannot be read (files missing or "
-                     f"damaged: {type(error).__name__}: {str(error)[:300]})") from error
+    raise _unreadable(step, directory, error) from error
+
+
+def _saved_items(manager, step, directory):
+  """The names of the items checkpoint ``step`` holds."""
+  try:
+    return set(manager.item_metadata(step).keys())
+  except Exception as error:
+    raise _unreadable(step, directory, error) from error
 
 
 def _check_ledger(saved, expected, step, directory):
@@ -136,7 +145,7 @@ def restore_checkpoint(directory, target: TrainState, step=None, rewind=False) -
       raise ValueError(f"checkpoint {step} is older than the newest ({latest}): restoring it "
                        f"rewinds the privacy ledger (pass rewind=True only if the steps since "
                        f"were never released)")
-    described = "ledger" in _read(manager, step, directory, metadata=True)
+    described = "ledger" in _saved_items(manager, step, directory)
     saved = _read(manager, step, directory, config=ocp.args.JsonRestore(),
                   **({"ledger": ocp.args.JsonRestore()} if described else {}))
     expected = _plain(target.ledger.config.fingerprint())

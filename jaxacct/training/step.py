@@ -174,6 +174,12 @@ def check_same_config(ledger_config: DPConfig, config: DPConfig):
                      f"{config_differences(ledger_config.fingerprint(), config.fingerprint())})")
 
 
+def _chargeable(norms):
+  """Gradient norms for an accountant: one that is not finite (its gradient is left out of the
+  sum) as +inf, which every accountant charges as clipped, with or without ``jit``."""
+  return jnp.where(norms >= 0, norms, jnp.inf)
+
+
 def _key_data(key):
   """A copy of the key as raw key data of the default PRNG implementation."""
   key = jnp.asarray(key)
@@ -218,7 +224,7 @@ def private_trainer(config: DPConfig, loss: Callable,
     """Poisson with a per-example accountant: every example's norm at this step (Koskela et
     al., Sec. 5), charged in one update; the batch keeps the members the filter admits, each
     clipped to the norm it was charged for (the sum's pass recomputes the norms)."""
-    norms = _grads.all_norms(loss, params, data, n, m) * (1.0 + _RECOMPUTE_MARGIN)
+    norms = _chargeable(_grads.all_norms(loss, params, data, n, m) * (1.0 + _RECOMPUTE_MARGIN))
     every, listed = jnp.arange(n, dtype=jnp.int32), jnp.ones(n, bool)
     bounds = jnp.minimum(jnp.where(jnp.isfinite(norms), norms, 0.0), config.clip_norm)
     bounds = bounds[batch.indices]
@@ -229,7 +235,8 @@ def private_trainer(config: DPConfig, loss: Callable,
 
   def weigh_in_step(carry, indices, weights, norms):
     """DP-GD with a filter: each microbatch's examples admitted (and charged) as they come."""
-    carry, admitted = accountant.update(carry, norms, indices, weights > 0, new_step=False)
+    carry, admitted = accountant.update(carry, _chargeable(norms), indices, weights > 0,
+                                        new_step=False)
     return carry, weights * admitted.astype(weights.dtype)
 
   def step(state, data):
@@ -257,7 +264,8 @@ def private_trainer(config: DPConfig, loss: Callable,
         loss, state.params, data, indices, weights, clip, m, chunks, weigh, individual)
     if accountant is not None and not (filters or needs_all_norms):
       # DP-GD with the bucket counter: the norms the sum clipped, counted in one update.
-      individual = accountant.update(individual, seen.norms, indices, seen.weights > 0)
+      individual = accountant.update(individual, _chargeable(seen.norms), indices,
+                                     seen.weights > 0)
     gradient = jax.tree_util.tree_map(lambda g: g / config.expected_batch_size,
                                       _grads.add_noise(summed, noise_key, std))
     updates, opt_state = optimizer.update(gradient, state.opt_state, state.params)
@@ -387,5 +395,5 @@ def privacy_report(state: TrainState, delta=None, quantiles=QUANTILES) -> Privac
 
 
 __all__ = ["Ledger", "PrivacyReport", "PrivateTrainer", "StepMetrics", "TrainState",
-           "check_budget", "check_data", "check_lengths", "individual_accountant", "planned_epsilon",
-           "private_trainer", "privacy_report", "worst_case_epsilon"]
+           "check_budget", "check_data", "check_lengths", "individual_accountant",
+           "planned_epsilon", "private_trainer", "privacy_report", "worst_case_epsilon"]
