@@ -13,6 +13,10 @@ both directions share one compiled program):
 * ``cdf_sf(loss)``: P(L <= l), P(L > l), Q(L <= l), Q(L > l), infinite atoms included. Both
   complementary values are computed directly so that tails keep full relative precision.
 * ``inf_mass()``: P(L = +inf).
+* ``max_loss()``: the largest finite value of L under P (its essential supremum), rounded up,
+  +inf where L is unbounded. The composed finite loss is at most the steps' sum, so from there
+  on delta is exactly P(L = +inf): the PLD accountant's delta is exact at and beyond a pure-DP
+  mechanism's boundary (``jaxacct.pld.query``). It must never be below the true supremum.
 * ``loss_range(log_tail)``: an interval holding all but exp(log_tail) of the finite loss mass
   under P and under Q (used to place grids, never to certify).
 * ``loss_nodes(t, t_high=None, panels=None)``: (log weights under P, loss values), a quadrature
@@ -39,9 +43,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxacct._inputs import check_range
-from jaxacct._numerics import (LOSS_BIG, array_namespace, as_leaf, composite_nodes, erfc,
-                               is_traced, sigmoid, standard_normal_nodes)
+from jaxacct._inputs import check_range, check_whole
+from jaxacct._numerics import (F64_EPS, LOSS_BIG, array_namespace, as_leaf, composite_nodes,
+                               erfc, is_traced, sigmoid, standard_normal_nodes)
 from jaxacct._solver import bisect
 
 # Quadratures reach this many standard deviations beyond every bulk or tilted peak (the
@@ -98,6 +102,12 @@ def _clamp(loss):
   return array_namespace(loss).clip(loss, -LOSS_BIG, LOSS_BIG)
 
 
+def _rounded_up(value, ulps, scale=0.0):
+  """``value`` raised by ``ulps`` ulps of |value| + ``scale``: above the exact result of a
+  computation whose round-off is within that (a ``max_loss`` must not fall below the truth)."""
+  return value + ulps * F64_EPS * (jnp.abs(value) + scale)
+
+
 class PrivacyLoss:
   """Interface every mechanism implements (see the module docstring).
 
@@ -128,6 +138,10 @@ class PrivacyLoss:
 
   def inf_mass(self, add=False):
     return jnp.zeros(())
+
+  def max_loss(self, add=False):
+    """Upper bound of the largest finite loss (see the module docstring); unbounded here."""
+    return jnp.asarray(jnp.inf)
 
   def has_atoms(self) -> bool:
     """Whether the loss has point masses at finite values (a grid's error is then first order
@@ -237,6 +251,9 @@ class Laplace(PrivacyLoss):
     e0 = self.sensitivity / self.scale
     return -e0, e0
 
+  def max_loss(self, add=False):
+    return _rounded_up(jnp.asarray(self.sensitivity / self.scale, jnp.float64), 2.0)
+
   def has_atoms(self) -> bool:
     return True
 
@@ -281,6 +298,9 @@ class EpsilonDelta(PrivacyLoss):
   def inf_mass(self, add=False):
     return jnp.asarray(self.delta, dtype=jnp.result_type(float))
 
+  def max_loss(self, add=False):
+    return jnp.asarray(self.epsilon, jnp.float64)  # (the atom is at epsilon itself)
+
   def has_atoms(self) -> bool:
     return True
 
@@ -298,6 +318,59 @@ class EpsilonDelta(PrivacyLoss):
 def PureDP(epsilon):  # noqa: N802 - a constructor that reads like a class
   """Pure epsilon-DP (binary randomized response): ``EpsilonDelta(epsilon, 0)``."""
   return EpsilonDelta(epsilon, 0.0)
+
+
+@_model
+class RandomizedResponse(PrivacyLoss):
+  """k-ary randomized response under replace-one adjacency, as dp-accounting defines it: the
+  input bucket is output with probability 1 - p, else a bucket drawn uniformly from all k
+  (``noise`` p in (0, 1], ``buckets`` k >= 2 whole).
+
+  For inputs x != x' the loss is +e0 at the output x (P-probability 1 - p + p/k), -e0 at x'
+  (p/k) and 0 at the k - 2 others ((k - 2) p/k), e0 = log(1 + k (1 - p)/p); Q is the mirror.
+  With k = 2 it is binary randomized response, ``EpsilonDelta(e0)``; p = 1 releases nothing.
+  """
+
+  noise: jax.Array
+  buckets: jax.Array
+
+  def check(self):
+    check_range("noise", self.noise, 0.0, 1.0, high_open=False)
+    check_range("buckets", self.buckets, 2.0, math.inf, low_open=False)
+    check_whole("buckets", self.buckets)
+
+  def _atoms(self, xp):
+    """e0 and the P-masses at +e0, 0 and -e0."""
+    p, k = self.noise, self.buckets
+    e0 = xp.log1p(k * (1.0 - p) / p)
+    return e0, 1.0 - p + p / k, (k - 2.0) * p / k, p / k
+
+  def cdf_sf(self, loss, add=False):
+    xp = self._xp(loss)
+    e0, hi, mid, lo = self._atoms(xp)
+    ge = [(loss >= at).astype(loss.dtype) for at in (-e0, 0.0 * e0, e0)]
+    masses_p, masses_q = (lo, mid, hi), (hi, mid, lo)  # at -e0, 0, +e0
+    p_cdf = sum(g * m for g, m in zip(ge, masses_p))
+    p_sf = sum((1.0 - g) * m for g, m in zip(ge, masses_p))
+    q_cdf = sum(g * m for g, m in zip(ge, masses_q))
+    q_sf = sum((1.0 - g) * m for g, m in zip(ge, masses_q))
+    return p_cdf, p_sf, q_cdf, q_sf
+
+  def has_atoms(self) -> bool:
+    return True
+
+  def max_loss(self, add=False):
+    return _rounded_up(self._atoms(jnp)[0], 8.0)
+
+  def loss_range(self, log_tail, add=False):
+    e0 = self._atoms(self._xp(log_tail))[0]
+    return -e0, e0
+
+  def loss_nodes(self, t, add=False, t_high=None, panels=None):
+    e0, hi, mid, lo = self._atoms(jnp)
+    present = mid > 0.0  # (no middle atom for k = 2: log 0 with a finite gradient)
+    log_mid = jnp.where(present, jnp.log(jnp.where(present, mid, 1.0)), -jnp.inf)
+    return jnp.stack([jnp.log(hi), log_mid, jnp.log(lo)]), jnp.stack([e0, 0.0 * e0, -e0])
 
 
 def subsampled_loss(base_loss, rate):
@@ -324,6 +397,18 @@ def subsampled_loss(base_loss, rate):
                           q_below_one / (1.0 - q_below_one) / xp.where(far, decay, 1.0)))
   offset = xp.where(pos, z + xp.log(rate), xp.where(near, 0.0, _log1m_rate(rate)))
   return offset + xp.log1p(arg)
+
+
+def _subsampled_top(z, rate, down=False):
+  """f(z) = ``subsampled_loss(z, rate)`` for z in [-inf, +inf], rounded up (``down``: rounded
+  down) by its round-off: a few ulps of each term of the branch that computes it."""
+  finite = jnp.isfinite(z)
+  safe = jnp.where(finite, z, 0.0)
+  value = subsampled_loss(safe, rate)
+  value = jnp.where(finite, value, jnp.where(z > 0.0, jnp.inf, _log1m_rate(rate)))
+  logs = jnp.abs(jnp.log(rate)) + jnp.where(rate < 1.0, jnp.abs(_log1m_rate(rate)), 0.0)
+  slack = 4.0 * F64_EPS * (1.0 + jnp.abs(safe) + logs + jnp.where(finite, jnp.abs(value), 0.0))
+  return jnp.where(jnp.isfinite(value), value + (-slack if down else slack), value)
 
 
 def _log1m_rate(rate):
@@ -377,6 +462,18 @@ class PoissonSampled(PrivacyLoss):
 
   def has_atoms(self) -> bool:
     return self.base.has_atoms()
+
+  def max_loss(self, add=False):
+    # remove: L = f(Z), f increasing, so its top is f(the base's top). add: L = -f(Z) under B0,
+    # whose least Z is -(the base's add-direction top), or -inf where B0 has mass off B1's
+    # support (the base's atom at +inf in its add pair): there L = -log(1 - q) (+inf at q = 1,
+    # an infinite atom, not a finite loss).
+    q = self.rate
+    low = -self.base.max_loss(True)
+    off_support = (self.base.inf_mass(True) > 0.0) & (q < 1.0)
+    remove = _subsampled_top(self.base.max_loss(), q)
+    added = -_subsampled_top(jnp.where(off_support, -jnp.inf, low), q, down=True)
+    return jnp.where(add, added, remove)
 
   def inf_mass(self, add=False):
     q = self.rate

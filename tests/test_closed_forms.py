@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import jaxacct
+from jaxacct.models import RandomizedResponse
 from conftest import epsilon_of, gaussian_delta, gaussian_epsilon, laplace_delta, pure_dp_delta
 
 GAUSSIAN_CASES = [  # sigma, T, delta
@@ -166,7 +167,8 @@ HOST_MODELS = [
     jaxacct.PoissonSampled(jaxacct.Gaussian(0.6), 1.0),
     jaxacct.PoissonSampled(jaxacct.Laplace(2.0), 0.3),
     jaxacct.PoissonSampled(jaxacct.EpsilonDelta(1.0, 1e-4), 0.2),
-    jaxacct.SampledGaussianReplaceOne(1.0, 0.05), jaxacct.SampledGaussianReplaceOne(0.8, 1.0)]
+    jaxacct.SampledGaussianReplaceOne(1.0, 0.05), jaxacct.SampledGaussianReplaceOne(0.8, 1.0),
+    RandomizedResponse(0.3, 5.0), RandomizedResponse(0.6, 2.0)]
 
 
 @pytest.mark.parametrize("model", HOST_MODELS, ids=lambda m: type(m).__name__)

@@ -1,4 +1,5 @@
-"""Extreme settings (tiny q, large sigma, T = 1e6, delta 1e-10 and 1e-12) against dp-accounting.
+"""Extreme settings (tiny q, large sigma, T = 1e6, delta 1e-10 and 1e-12) against dp-accounting,
+and bounded losses at extreme parameters (exact delta from their top on).
 
 dp-accounting's pessimistic PLD certifies an upper bound of the truth, its optimistic one a lower
 bound; our bracket must be consistent with both, and every one of these settings must be
@@ -14,6 +15,7 @@ import pytest
 
 import jaxacct
 from jaxacct import results
+from jaxacct.models import RandomizedResponse
 from dp_accounting.pld import privacy_loss_distribution as dpa_pld
 
 logging.getLogger().setLevel(logging.ERROR)
@@ -83,3 +85,35 @@ def test_upper_delta_at_huge_eps_is_no_larger_than_at_a_smaller_eps(accountant):
   at_40 = float(jaxacct.delta(comp, 40.0, accountant=accountant).upper)
   at_2000 = float(jaxacct.delta(comp, 2000.0, accountant=accountant).upper)
   assert math.isfinite(at_2000) and at_2000 <= at_40, (at_2000, at_40)
+
+
+def _lap(e0, x):
+  """One Laplace step's exact delta (e0 = sensitivity / scale)."""
+  return 0.0 if x >= e0 else -math.expm1(0.5 * (x - e0))
+
+
+# composition, its top (the summed largest losses), P(L = inf), [(eps, exact delta)].
+BOUNDED = [
+    ([(jaxacct.Laplace(0.05), 1)], 20.0, 0.0, [(19.0, _lap(20.0, 19.0)), (5.0, _lap(20.0, 5.0))]),
+    ([(jaxacct.Laplace(1e6), 1)], 1e-6, 0.0, [(0.0, _lap(1e-6, 0.0))]),
+    ([(jaxacct.EpsilonDelta(0.0, 0.3), 5)], 0.0, -math.expm1(5 * math.log1p(-0.3)), []),
+    ([(jaxacct.EpsilonDelta(2.0, 0.999), 2)], 4.0, -math.expm1(2 * math.log1p(-0.999)), []),
+    ([(RandomizedResponse(1e-6, 2.0), 1)], math.log1p(2 * (1 - 1e-6) / 1e-6), 0.0,
+     [(13.0, (1 - 0.5e-6) * -math.expm1(13.0 - math.log1p(2 * (1 - 1e-6) / 1e-6)))]),
+    ([(RandomizedResponse(1.0, 9.0), 3)], 0.0, 0.0, []),
+    ([(jaxacct.Gaussian(1.0), 0), (jaxacct.Laplace(1.0), 1)], 1.0, 0.0, [(0.5, _lap(1.0, 0.5))]),
+    ([(jaxacct.PureDP(0.01), 5000)], 50.0, 0.0, []),
+]
+
+
+@pytest.mark.parametrize("entries, top, p_inf, points", BOUNDED, ids=range(len(BOUNDED)))
+def test_bounded_losses_are_exact_at_their_top(entries, top, p_inf, points):
+  """Huge and tiny Laplace steps, (0, delta) and near-1 delta, randomized response near
+  non-privacy and at p = 1 (nothing released), an unbounded entry of count 0, and a top far
+  beyond the composed window: delta is P(inf) from the top on (to 1e-12), certified below it."""
+  eps = np.array([top, top + 1e-9, top + 3.0] + [e for e, _ in points])
+  r = jaxacct.delta(entries, eps)
+  upper = np.asarray(r.upper)
+  assert np.all(upper[:3] >= p_inf) and np.all(upper[:3] <= p_inf * (1 + 1e-12) + 1e-12), upper
+  for got, (_, exact) in zip(upper[3:], points):
+    assert got >= exact, (got, exact)

@@ -45,6 +45,7 @@ class PrivacyLossDistribution:
   moved: jax.Array         # [D] expected number of round-off guard moves (Poisson mean)
   bias: jax.Array          # [D] total upward bias of the split (the estimate removes it)
   total_count: jax.Array   # [D] number of composed steps
+  loss_top: jax.Array      # [D] no finite composed loss exceeds it (+inf: unbounded)
   plan: Plan
   # [D, band] complex: the pmf as p_j = Re sum_k band_k e^{2 pi i j k/N} when the spectrum above
   # the band is negligible (spectrum.band_fields_from_terms): queries in O(band) per evaluation.

@@ -7,6 +7,14 @@ found cell by cell and differentiated implicitly (``_solver.implicit_root``).
 Lower bound: the connect-the-dots split is a coupling with D - L in an interval of length h and
 mean in [0, beta(h)], beta ~ h^2/8. Hoeffding gives sum L >= sum D - T beta - h sqrt(T log(1/eta)/2)
 except with probability eta; delta at the shifted epsilon minus eta is a lower bound.
+
+Top of the loss: a model that bounds its loss (``max_loss``: Laplace, randomized response,
+(epsilon, delta)) bounds the composed finite loss by the steps' sum, ``loss_top``; delta is then
+at most P(inf) + P(finite) (1 - e^{eps - top})_+, which the upper takes where it is smaller than
+the grid's. At and beyond the top it is P(inf) exactly (0 for pure DP), free of the grid's
+spread, window and round-off terms; a pure-DP epsilon never exceeds the top (where the grid
+serves delta at all: below its floor epsilon stays +inf with BELOW_FLOOR, see
+``_epsilon_direction``).
 """
 
 from __future__ import annotations
@@ -320,6 +328,38 @@ def _lower_shift(view, plan, eta, h):
   return total * _coupling_bias(h) + hoeffding + moves * h
 
 
+def _inf_mass_upper(view):
+  """P(composed loss = +inf) rounded up: log1p, the count-weighted sum over the entries and
+  expm1 each round (relatively, and a sum of like-signed terms: at most (entries + 2) half-ulps;
+  the count bounds the entries)."""
+  slack = (8.0 + jax.lax.stop_gradient(view["total_count"])) * F64_EPS
+  return -jnp.expm1(view["log_finite"]) * (1.0 + slack)
+
+
+def _support_delta(view, eps):
+  """An upper delta from the loss's top alone: no finite composed loss exceeds ``loss_top``, so
+  delta(eps) <= P(inf) + P(finite) (1 - e^{eps - top})_+, which is P(inf) itself from the top on
+  (exact there: no grid, window or round-off term; 1 where the loss is unbounded). It decreases
+  in eps, and the grid's upper is replaced by it where it is smaller."""
+  p = _inf_mass_upper(view)
+  below_top = -jnp.expm1(jnp.minimum(eps - view["loss_top"], 0.0))
+  return (p + (1.0 - p) * below_top) * (1.0 + 4.0 * F64_EPS)
+
+
+def _support_epsilon(view, delta):
+  """The least eps at which ``_support_delta`` is <= ``delta``: top + log((1 - d) / (1 - p))
+  (d: delta less the round-off factor), raised by the logs' and sums' round-off; +inf where
+  delta does not exceed P(inf) (or the loss is unbounded)."""
+  p = _inf_mass_upper(view)
+  d = delta / (1.0 + 4.0 * F64_EPS)
+  top = view["loss_top"]
+  log_kept, log_finite = jnp.log1p(-jnp.minimum(d, 1.0)), jnp.log1p(-p)
+  eps = top + (log_kept - log_finite)
+  eps = eps + 4.0 * F64_EPS * jax.lax.stop_gradient(
+      jnp.abs(top) + jnp.abs(log_kept) + jnp.abs(log_finite))
+  return jnp.where(d > p, eps, jnp.inf)
+
+
 def _epsilon_direction(view, plan, delta):
   h = jax.lax.stop_gradient(plan.grid_step)
   p_inf = -jnp.expm1(view["log_finite"])
@@ -336,7 +376,14 @@ def _epsilon_direction(view, plan, delta):
                                                         side)
   lower, estimate, upper = jax.vmap(solve)(centres, targets, jnp.array([-1.0, 0.0, 1.0]))
   lower = lower - _lower_shift(view, plan, eta, h)
-  floor = jnp.where(upper_target > 0.0, results.OK, results.BELOW_FLOOR).astype(jnp.int32)
+  # The loss's top bounds epsilon too (pure DP: epsilon <= the steps' summed top). Below the
+  # grid's floor the upper stays +inf with BELOW_FLOOR, the planner's signal to rerun the
+  # setting on a plan of its own (the top would serve it, but often loosely).
+  support = _support_epsilon(view, delta)
+  served = upper_target > 0.0
+  estimate = jnp.minimum(estimate, support)
+  upper = jnp.where(served, jnp.minimum(upper, support), upper)
+  floor = jnp.where(served, results.OK, results.BELOW_FLOOR).astype(jnp.int32)
   status = jnp.bitwise_or(view["status"].astype(jnp.int32), floor)
   clipped = Bounds(*(jnp.maximum(e, 0.0) for e in (lower, estimate, upper)), status)
   return results.zero_if(view["total_count"] == 0, clipped)  # (no steps: exactly 0, not ~h)
@@ -355,6 +402,8 @@ def _delta_direction(view, plan, eps):
   shifted = eps + _lower_shift(view, plan, eta, h)
   lower = (p_inf + grid_delta(centre0 + shift[0], shifted) * (1.0 - scale) - 2.0 * eta
            - view["window_below"] - view["fft_error"] - view["tail"])
+  support = _support_delta(view, eps)  # (exact at and beyond the loss's top)
+  estimate, upper = jnp.minimum(estimate, support), jnp.minimum(upper, support)
   clipped = Bounds(*(jnp.clip(d, 0.0, 1.0) for d in (lower, estimate, upper)), view["status"])
   return results.zero_if(view["total_count"] == 0, clipped)
 
@@ -362,9 +411,8 @@ def _delta_direction(view, plan, eps):
 def _upper_delta(view, grid_delta):
   """The certified upper delta from the grid's delta with the upper placement: the mass at
   +inf, the grid's part widened by its mass round-off, the window's tail and the FFT's error."""
-  p_inf = -jnp.expm1(view["log_finite"])
-  return (p_inf + grid_delta * (1.0 + view["mass_error"]) + view["window_above"]
-          + view["fft_error"])
+  return (_inf_mass_upper(view) + grid_delta * (1.0 + view["mass_error"])
+          + view["window_above"] + view["fft_error"])
 
 
 def _upper_curve_direction(view, plan, eps_points):
@@ -373,11 +421,12 @@ def _upper_curve_direction(view, plan, eps_points):
   so that value bounds it from above), where the cells from b up lie wholly above it (share
   1 - kappa e^{boundary - left}) and those below add nothing; below the window, at eps itself."""
   h = jax.lax.stop_gradient(plan.grid_step)
+  support = _support_delta(view, eps_points)
   if view["pmf"] is None:  # from the band each point costs O(band): read at the point itself
     grid_delta = _grid_delta(view, h, plan.fft_size)
     centre = view["start"].astype(jnp.float64) * h + _shifts(h)[2]
     grid = jax.vmap(lambda e: grid_delta(centre, e))(eps_points)
-    return _upper_delta(view, jnp.maximum(grid, 0.0))
+    return jnp.minimum(_upper_delta(view, jnp.maximum(grid, 0.0)), support)
   pmf = view["pmf"]
   n = pmf.shape[0]
   left0 = view["start"].astype(jnp.float64) * h + _shifts(h)[2] - 0.5 * h
@@ -388,7 +437,8 @@ def _upper_curve_direction(view, plan, eps_points):
   exponent = jnp.where(b < 0, eps_points - left0 + rel[0], rel[jnp.clip(b, 0, n - 1)])
   b = jnp.clip(b, 0, n)
   kappa = 1.0 + 0.5 * jnp.expm1(-h)
-  return _upper_delta(view, jnp.maximum(mass[b] - kappa * jnp.exp(exponent) * scaled[b], 0.0))
+  grid = jnp.maximum(mass[b] - kappa * jnp.exp(exponent) * scaled[b], 0.0)
+  return jnp.minimum(_upper_delta(view, grid), support)
 
 
 def upper_delta_curve(pld, eps_points):
@@ -403,7 +453,7 @@ def upper_delta_curve(pld, eps_points):
 
 
 _VIEW = ("pmf", "band", "start", "window_above", "window_below", "fft_error", "mass_error",
-         "status", "log_finite", "tail", "moved", "bias", "total_count")
+         "status", "log_finite", "tail", "moved", "bias", "total_count", "loss_top")
 
 
 def _worst_direction(pld, fn, arg):

@@ -167,7 +167,8 @@ def entry_terms(mech, add, plan):
   step_log, centre, deviation = low_log_spectrum(step.pmf, n, k0, plan.block)
   terms = dict(log_f=log_f, keep=keep, rate=rate, low_log=step_log, centre=centre,
                deviation=deviation, start=step.start, cgf=step_cgf(step, h),
-               log_finite=step.log_finite, tail=step.tail, moved=step.moved, bias=step.bias)
+               log_finite=step.log_finite, tail=step.tail, moved=step.moved, bias=step.bias,
+               max_loss=jnp.asarray(mech.max_loss(add), jnp.float64))
   if k1 < n // 2 + 1:  # the largest |F_k| above the band
     terms["largest"] = jnp.max(jnp.abs(jax.lax.stop_gradient(transform[k1:])))
   return terms
@@ -217,7 +218,20 @@ def _accumulate(terms, counts, plan):
                        axis=0)
   for key in ("log_finite", "tail", "moved", "bias"):
     acc[key] = weighted(terms[key])
+  acc["loss_top"] = _loss_top(counts, terms["max_loss"])
   return acc, counts
+
+
+def _loss_top(counts, max_loss):
+  """sum_j count_j max_loss_j rounded up: no finite composed loss exceeds it (+inf where a
+  counted step's loss is unbounded; a step of count 0 constrains nothing)."""
+  bounded = jnp.isfinite(max_loss)
+  safe = jnp.where(bounded, max_loss, 0.0)
+  top = _weighted(counts, safe)
+  # round-off of the products and the sum: (entries + 1) half-ulps of sum_j count_j |max_j|
+  slack = (counts.shape[0] + 2) * F64_EPS * _weighted(counts, jnp.abs(safe))
+  unbounded = jnp.any((counts > 0) & ~bounded)
+  return jnp.where(unbounded, jnp.inf, top + jax.lax.stop_gradient(slack))
 
 
 def stack_entries(entries):
@@ -392,6 +406,8 @@ def fields_from_terms(terms, counts, plan, previous=None):
     for key in RUNNING_SUMS:
       if key not in ("spectrum_error", "high_log"):
         acc[key] = acc[key] + previous[key]
+    acc["loss_top"] = acc["loss_top"] + jax.lax.stop_gradient(  # (the sum's own round-off)
+        F64_EPS * (jnp.abs(acc["loss_top"]) + jnp.abs(previous["loss_top"])))
     acc["low_ok"] = acc["low_ok"] & previous["low_ok"]
     acc["spectrum"] = acc["spectrum"] * previous["spectrum"][:, :k1]
     acc["spectrum_error"] = acc["spectrum_error"] + previous["spectrum_error"][:, :k1]
@@ -416,7 +432,7 @@ def compose_fields(composition, plan):
 
 
 RUNNING_SUMS = ("low_log", "low_error", "phase", "spectrum_error", "high_log", "mass_error",
-                "base", "cgf", "log_finite", "tail", "moved", "bias", "total_count")
+                "base", "cgf", "log_finite", "tail", "moved", "bias", "total_count", "loss_top")
 
 
 def append_fields(previous, composition, plan):
