@@ -17,7 +17,7 @@ from jaxacct.dp_event import from_dp_event
 from jaxacct.group import group_delta, group_epsilon
 from jaxacct.mixture import MixtureOfGaussians
 from jaxacct.models import (EpsilonDelta, Gaussian, Laplace, PoissonSampled, PrivacyLoss, PureDP,
-                            SampledGaussianReplaceOne)
+                            RandomizedResponse, SampledGaussianReplaceOne)
 from jaxacct.pld import Plan, PrivacyLossDistribution, SizeCache
 from jaxacct.results import Bounds
 
@@ -26,7 +26,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ACCOUNTANTS", "Bounds", "Composition", "EpsilonDelta", "Gaussian", "Laplace",
     "MixtureOfGaussians", "Plan", "PoissonSampled", "PrivacyLoss", "PrivacyLossDistribution",
-    "PureDP", "RELATIONS", "SampledGaussianReplaceOne", "SizeCache",
+    "PureDP", "RELATIONS", "RandomizedResponse", "SampledGaussianReplaceOne", "SizeCache",
     "compose", "delta", "dpsgd_composition", "dpsgd_delta", "dpsgd_epsilon", "dpsgd_plan",
     "epsilon", "from_dp_event", "get_noise_multiplier", "group_delta", "group_epsilon",
     "make_plan", "calibrate", "cgf", "edgeworth", "gdp", "group", "individual", "pld", "rdp",
