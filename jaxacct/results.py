@@ -16,6 +16,7 @@ BELOW_FLOOR = 2        # requested delta below what the grid resolves: upper = +
 LOWER_VACUOUS = 4      # no useful lower bound (reported as nan)
 APPROXIMATION = 8      # an approximation without certified bounds (lower and upper are nan)
 UNRELIABLE = 16        # an approximation outside the regime where it is known to be accurate
+                       # (without it: within 2.5e-4 x max(1, eps), benchmarks/flag_sweep.py)
 OUT_OF_RANGE = 32      # the answer lies beyond the range the method searches: upper is +inf
 UPPER_VACUOUS = 64     # the method's error bound is too large for a finite bound (epsilon: +inf)
 UPPER_FLOORED = 128    # delta's upper bound lies below float64's range: reported as its floor
@@ -25,8 +26,9 @@ STATUS_TEXT = {
     BELOW_FLOOR: "delta below the grid's numerical floor; upper is +inf",
     LOWER_VACUOUS: "lower bound vacuous (nan)",
     APPROXIMATION: "central-limit approximation: no certified bound (it can under-report epsilon)",
-    UNRELIABLE: "approximation outside its reliable regime (the tilted loss is far from "
-                "Gaussian): the estimate may be off by more than 1e-3 relative",
+    UNRELIABLE: "approximation outside its reliable regime (the terms its series leaves out "
+                "predict an epsilon error above 2e-4 x max(1, eps), or the series has not "
+                "settled): the estimate may be off by more than 2.5e-4 x max(1, eps)",
     OUT_OF_RANGE: "answer beyond the range the method searches: an epsilon's upper is +inf; a "
                   "delta's bounds are those at the end of the range (valid, not tight)",
     UPPER_VACUOUS: "upper bound vacuous (the method's error bound is not below delta): "

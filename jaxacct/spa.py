@@ -13,8 +13,13 @@ For a target eps, the saddle point t0 > 0 solves K'(t) = eps + 1/t + 1/(1+t). At
 * Certified bounds (Theorem 5, Sec. 4.1):
   |delta - SP-CLT| <= 2C e^{K - eps t} t^t (1+t)^{-(1+t)} rho(t) / K''(t)^{3/2}
   (Berry-Esseen on the tilted sum, C = 0.56 for non-identical summands, Shevtsova 2010), widened
-  by a small relative slack for the quadrature of K. A lower bound that is not positive is
-  vacuous (nan).
+  by a small relative slack for the quadrature of K. A lower bound that is not positive (delta:
+  one that underflows to 0; eps: 0 or none) is vacuous (nan).
+* Regime guard (status UNRELIABLE), per estimate: the terms of the steepest-descent series
+  (Daniels 1954) that the estimate leaves out, from K'' ... K^(6) at t0, predict its epsilon
+  error; the estimate is flagged where that exceeds 2e-4 x max(1, eps), where the series' first
+  correction exceeds half its leading term, or where t0 lies beyond the searched tilts
+  (``_unreliable``). A delta(eps) query is flagged by the same rule at its eps.
 
 eps(delta) follows the saddle curve: eps(t) = K'(t) - 1/t - 1/(1+t) is increasing in t, so each
 quantity is a root in log t: a coarse scan finds its grid cell, safeguarded Newton refines it
@@ -68,6 +73,14 @@ _SCAN_PANELS = 16
 _SHARED_SCAN_TILT = 1.0
 # Relative slack added to the error bound for the quadrature error of K (per unit of count).
 _QUADRATURE_SLACK = 1e-12
+# The regime guard (``_unreliable``): an estimate is flagged UNRELIABLE where its predicted
+# epsilon error exceeds _RELIABLE x max(1, eps), or where its series' first correction exceeds
+# _SERIES_SETTLED of the leading term. On the 600 settings of benchmarks/flag_sweep.py the
+# prediction was within 8 % of SP-CLT's and SP-MSD0's actual errors on 90 % of the unflagged
+# settings (median 3 %); no unflagged estimate was off by more than 2.05e-4 x max(1, eps)
+# (README, "Accuracy").
+_RELIABLE = 2e-4
+_SERIES_SETTLED = 0.5
 
 
 def _terms(cum, t, eps):
@@ -91,14 +104,66 @@ def _terms(cum, t, eps):
   log_msd1 = jnp.where(corr > 0.0, log_msd0 + jnp.log(jnp.where(corr > 0.0, corr, 1.0)), jnp.nan)
   log_err = (math.log(_TWO_C) + tilt + t * jnp.log(t) - (1.0 + t) * jnp.log1p(t) + jnp.log(rho)
              - 1.5 * jnp.log(k2))
-  # Regime guard: a large term of the first steepest-descent correction (the two can cancel in
-  # corr) means the tilted sum is far from Gaussian. On the 59 stored DP-SGD references every
-  # setting with both terms <= 0.05 had a relative error <= 3e-4; every error above 1e-3 (up to
-  # 2x, at small q and sigma) had a term above 0.05.
-  correction = jnp.maximum(jnp.abs(phi4 / (8.0 * phi2 ** 2)),
-                           jnp.abs(5.0 * phi3 ** 2 / (24.0 * phi2 ** 3)))
-  unreliable = correction > 0.05
-  return dict(clt=log_clt, msd0=log_msd0, msd1=log_msd1, err=log_err, unreliable=unreliable)
+  return dict(clt=log_clt, msd0=log_msd0, msd1=log_msd1, err=log_err)
+
+
+def _higher_cumulants(composition, t, nodes, add):
+  """(K^(5), K^(6)) of the composition at tilt t, the derivatives of K'''' in t (read by the
+  regime guard only; ``nodes``, when given, must cover t)."""
+  k4 = lambda x: cumulants(composition, x, add, nodes)[4]
+  k5 = lambda x: jax.jvp(k4, (x,), (jnp.ones_like(x),))[1]
+  return jax.jvp(k5, (t,), (jnp.ones_like(t),))
+
+
+def _series(phi2, phi3, phi4, phi5, phi6):
+  """The first two corrections of the steepest-descent series, delta ~ SP-MSD0 (1 + a1 + a2),
+  in the standardised derivatives l_k = phi^(k) / phi''^(k/2) (Daniels 1954, eq. (2.6)): a1,
+  a2, and a2 with its five terms counted in absolute value (a bound on its size where they
+  cancel by accident)."""
+  l3, l4, l5, l6 = (p / phi2 ** (0.5 * k) for p, k in ((phi3, 3), (phi4, 4), (phi5, 5), (phi6, 6)))
+  a1 = l4 / 8.0 - 5.0 * l3 ** 2 / 24.0
+  terms = (385.0 * l3 ** 4 / 1152.0, -35.0 * l3 ** 2 * l4 / 64.0, 35.0 * l4 ** 2 / 384.0,
+           7.0 * l3 * l5 / 48.0, -l6 / 48.0)
+  return a1, sum(terms), sum(jnp.abs(x) for x in terms)
+
+
+def predicted_error(cum, higher, t, method):
+  """The epsilon error of one estimate at the saddle point t, predicted by the terms of the
+  steepest-descent series that it leaves out, and the series' first corrections (a1, g1).
+
+  With phi = K - eps t - log t - log(1+t), delta ~ SP-MSD0 (1 + a1 + a2) (``_series``). SP-MSD0
+  leaves out a1 + a2. SP-CLT is exact for the quadratic K with the same K, K', K'' at t, whose
+  series has the same SP-MSD0 and its own (g1, g2) (K's cumulants above the second set to
+  zero), so it is off by (1 + a1 + a2) / (1 + g1 + g2) - 1 (zero for Gaussian steps). SP-MSD1
+  leaves out a2, whose terms are counted in absolute value: few steps of a small-q loss can
+  make them cancel (on the flag sweep a2 itself understated SP-MSD1's error by up to 450x, as
+  at sigma 0.51, q 5e-4, T 969: 1.5e-2); their sum of sizes never did. A relative delta error
+  r moves epsilon by r / s, with s = -d log SP-MSD0 / d eps = t + phi''' / (2 phi''^2) along
+  the saddle curve (dt / d eps = 1 / phi'').
+  """
+  k2, k3 = cum[2], cum[3]
+  u, v = 1.0 / t, 1.0 / (1.0 + t)  # the derivatives of -log t - log(1+t), orders 2..6:
+  log_part = (u ** 2 + v ** 2, -2.0 * (u ** 3 + v ** 3), 6.0 * (u ** 4 + v ** 4),
+              -24.0 * (u ** 5 + v ** 5), 120.0 * (u ** 6 + v ** 6))
+  phi2 = k2 + log_part[0]
+  a1, a2, a2_size = _series(phi2, *(k + g for k, g in zip((k3, cum[4], *higher), log_part[1:])))
+  g1, g2, _ = _series(phi2, *log_part[1:])
+  left_out = dict(clt=(1.0 + a1 + a2) / (1.0 + g1 + g2) - 1.0, msd0=a1 + a2,
+                  msd1=a2_size / (1.0 + a1))[method]
+  slope = t + (k3 + log_part[1]) / (2.0 * phi2 ** 2)
+  error = jnp.where(slope > 0.0, jnp.abs(left_out) / jnp.where(slope > 0.0, slope, 1.0), jnp.inf)
+  return error, a1, g1
+
+
+def _unreliable(cum, higher, t, eps, method):
+  """The regime guard (status UNRELIABLE): the predicted epsilon error (``predicted_error``)
+  exceeds _RELIABLE x max(1, eps), or the series it comes from has not started to converge (a
+  first correction above _SERIES_SETTLED of the leading term, where its next terms need not
+  predict the error)."""
+  error, a1, g1 = predicted_error(jax.lax.stop_gradient(cum), jax.lax.stop_gradient(higher),
+                                  jax.lax.stop_gradient(t), method)
+  settled = (jnp.abs(a1) <= _SERIES_SETTLED) & (jnp.abs(g1) <= _SERIES_SETTLED)
+  return ~(settled & (error <= _RELIABLE * jnp.maximum(1.0, eps)))
 
 
 def _count(composition):
@@ -188,15 +253,21 @@ def saddle_point(composition: Composition, eps, add=False):
 def _delta_direction(composition, eps, method, add):
   log_t, inside = saddle_point(composition, eps, add)
   t = jnp.exp(log_t)
-  terms = _terms(cumulants(composition, t, add), t, eps)
+  nodes = tilt_nodes(composition, t, t, add)
+  cum = cumulants(composition, t, add, nodes)
+  terms = _terms(cum, t, eps)
   lower, estimate, upper, _ = _log_bounds(terms, method, _count(composition))
+  higher = _higher_cumulants(*jax.lax.stop_gradient((composition, t, nodes)), add)
+  unreliable = ~inside | _unreliable(cum, higher, t, eps, method)  # (beyond: not a saddle point)
+  lower = jnp.exp(lower)
+  lower = jnp.where(lower > 0.0, lower, jnp.nan)  # one that underflows to 0 is no bound either
   status = jnp.where(jnp.isnan(lower), results.LOWER_VACUOUS, results.OK)
-  status = status | jnp.where(terms["unreliable"], results.UNRELIABLE, results.OK)
+  status = status | jnp.where(unreliable, results.UNRELIABLE, results.OK)
   # Beyond the searched tilts the bound is still valid (it holds at any tilt).
   status = status | jnp.where(inside, results.OK, results.OUT_OF_RANGE)
   status = status | jnp.where(upper >= 0.0, results.UPPER_VACUOUS, results.OK)
   status = status | floored_status(upper, results.UPPER_FLOORED)
-  return Bounds(jnp.exp(lower), jnp.exp(estimate), exp_upper(upper), status.astype(jnp.int32))
+  return Bounds(lower, jnp.exp(estimate), exp_upper(upper), status.astype(jnp.int32))
 
 
 def _curve_point(composition, log_t, method, add, nodes=None):
@@ -221,6 +292,17 @@ def _residuals(values, terms, log_delta):
   r = values - log_delta
   lower = terms["clt"] - jnp.logaddexp(log_delta, terms["log_err"])
   return jnp.stack([lower, r[1], r[2]])
+
+
+def _estimate_unreliable(composition, log_t, nodes, method, add):
+  """The regime guard of the estimate at its saddle point log t (``nodes``: the three fields'
+  stacked node sets; the estimate's is the second)."""
+  t = jnp.exp(log_t)
+  nodes = jax.tree_util.tree_map(lambda a: a[1], nodes)
+  cum = cumulants(composition, t, add, nodes)
+  eps = cum[1] - 1.0 / t - 1.0 / (1.0 + t)
+  higher = _higher_cumulants(*jax.lax.stop_gradient((composition, t, nodes)), add)
+  return _unreliable(cum, higher, t, eps, method)
 
 
 def _epsilon_direction(composition, delta, method, add):
@@ -250,13 +332,17 @@ def _epsilon_direction(composition, delta, method, add):
     values, eps, terms = curve(log_t, nodes)  # the nodes the root was found on
     safe = below | on_safe_side(values[field] - log_delta)
     # Only eps >= 0 matters: where the curve is already below the target at eps = 0, eps = 0.
-    return jnp.where(below | (eps < 0.0), 0.0, eps), beyond | ~safe, terms["unreliable"]
+    return jnp.where(below | (eps < 0.0), 0.0, eps), beyond | ~safe, log_t, nodes
 
-  eps, beyond, unreliable = jax.vmap(one)(jnp.arange(3), jnp.array([-1, 0, 1]))
-  lower = jnp.where(beyond[0], jnp.nan, eps[0])
+  eps, beyond, log_t, nodes = jax.vmap(one)(jnp.arange(3), jnp.array([-1, 0, 1]))
+  # A lower bound of 0 (the target is above the lower curve everywhere, or is met only at
+  # eps <= 0) says nothing: vacuous, nan.
+  lower = jnp.where(beyond[0] | (eps[0] <= 0.0), jnp.nan, eps[0])
   upper = jnp.where(beyond[2], jnp.inf, eps[2])
   status = jnp.where(jnp.isnan(lower), results.LOWER_VACUOUS, results.OK)
-  status = status | jnp.where(unreliable[1], results.UNRELIABLE, results.OK)
+  # An estimate whose saddle point lies beyond the searched tilts is the curve's end, not a root.
+  unreliable = beyond[1] | _estimate_unreliable(composition, log_t[1], nodes, method, add)
+  status = status | jnp.where(unreliable, results.UNRELIABLE, results.OK)
   status = status | jnp.where(beyond[2], results.OUT_OF_RANGE, results.OK)
   return Bounds(lower, eps[1], upper, status.astype(jnp.int32))
 
