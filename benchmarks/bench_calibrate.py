@@ -96,7 +96,9 @@ def peer_rows(quick):
 
 
 # Issue 29 item 9: calls that ran for minutes (or gave nothing in 120-500 s) before the plans'
-# sizes were bounded: (label, Python expression).
+# sizes were bounded, then those an independent review found beyond a minute or wrongly refused
+# after (A: a size cache that breached the plan cap; C: steps above ~2e4; D: a bogus saddle-point
+# start): (label, Python expression).
 EDGES = [
     ("far start", "calibrate.noise_multiplier(0.020036, 5.739e-11, 1.2603e-4, 1804)"),
     ("eps 50, q 1e-6, T 1", "calibrate.noise_multiplier(50.0, 1e-12, 1e-6, 1)"),
@@ -106,6 +108,11 @@ EDGES = [
      "calibrate.noise_multiplier(3.08, 0.0229, 3.41e-5, 4_387_004)"),
     ("group k = 1..50", "jaxacct.group_epsilon(2.0, 500, 1e-6, np.arange(1, 51), "
                         "sampling_rate=0.01).upper"),
+    ("A: sigma, eps 1, delta 1e-12, q 1e-4", "calibrate.noise_multiplier(1.0, 1e-12, 1e-4, 10**4)"),
+    ("C: steps, eps 2, sigma 1, q 1e-3", "calibrate.steps(2.0, 1e-5, 1.0, 0.001)"),
+    ("C: steps, eps 1, delta 1e-12, q 1e-4", "calibrate.steps(1.0, 1e-12, 0.9, 1e-4)"),
+    ("D: rate, eps 1, delta 1e-12, sigma 0.78",
+     "calibrate.sampling_rate(1.0, 1e-12, 0.78, 10**4)"),
 ]
 _EDGE_SCRIPT = """
 import resource, time
@@ -114,29 +121,33 @@ import numpy as np
 import jaxacct
 from jaxacct import calibrate
 try:
-  out = "answer " + np.array2string(np.asarray({call}), precision=6, threshold=8)
-except ValueError as err:
-  out = "refused: " + str(err)[:160] + "..."
+  out = "answer " + np.array2string(np.asarray({call}), precision=7, threshold=8)
+except (ValueError, RuntimeError) as err:
+  out = "refused: " + type(err).__name__ + ": " + str(err)[:240] + "..."
 usage = resource.getrusage(resource.RUSAGE_SELF)
 print(f"{{time.perf_counter() - start:.1f}} {{usage.ru_utime + usage.ru_stime:.1f}} {{out}}")
 """
 
 
-def edges(limit):
-  """Each call of ``EDGES`` in a fresh process: wall and CPU seconds, answer or refusal."""
+def edges(limit, only=None):
+  """Each call of ``EDGES`` (those whose label starts with one of ``only``) in a fresh process:
+  the 1-minute load before it, wall and CPU seconds, the answer or the refusal."""
   import subprocess
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   env = dict(os.environ, JAXACCT_NO_CACHE="1", PYTHONPATH=root)
-  print(f"load {os.getloadavg()}; each call in a fresh process (cold), limit {limit} s")
+  print(f"{root}: each call in a fresh process (cold), limit {limit} s, {os.cpu_count()} cores")
   for label, call in EDGES:
+    if only and not any(label.startswith(prefix) for prefix in only):
+      continue
+    load = os.getloadavg()[0]
     try:
       run = subprocess.run([sys.executable, "-c", _EDGE_SCRIPT.format(call=call)], env=env,
                            capture_output=True, text=True, timeout=limit, check=False)
       line = (run.stdout.strip().splitlines() or [run.stderr.strip()[-200:]])[-1]
       wall, cpu, out = line.split(" ", 2) if run.returncode == 0 else ("-", "-", line)
     except subprocess.TimeoutExpired:
-      wall, cpu, out = f">{limit}", "-", "no answer within the limit"
-    print(f"{label:36s} wall {wall:>7s} s  cpu {cpu:>7s} s  {out}")
+      wall, cpu, out = f">{limit:g}", "-", "no answer within the limit"
+    print(f"{label:40s} load {load:4.1f}  wall {wall:>6s} s  cpu {cpu:>6s} s  {out}", flush=True)
 
 
 def main():
@@ -145,9 +156,11 @@ def main():
   parser.add_argument("--edges", action="store_true",
                       help="time issue 29's edge calibrations instead (about 10 minutes)")
   parser.add_argument("--limit", type=float, default=600.0, help="--edges: seconds per call")
+  parser.add_argument("--only", nargs="*", default=None,
+                      help="--edges: the calls whose labels start with these")
   args = parser.parse_args()
   if args.edges:
-    edges(args.limit)
+    edges(args.limit, args.only)
     return
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   _, import_time = timed(lambda: __import__("jaxacct.calibrate"))

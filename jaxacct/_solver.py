@@ -6,6 +6,8 @@
   in one loop that evaluates the function once per iteration (calibration: each value is a
   certified accountant, and the function is compiled once); on real or whole-number unknowns.
 * ``bisect``: plain bisection of an increasing function (placing quadrature nodes; no gradient).
+* ``furthest_holding`` and ``largest_whole``: on the host, where a predicate stops holding
+  (calibration: the widest accuracy plan within a size budget, the last whole step that fits).
 * ``implicit_root``: differentiates a root by the implicit-function theorem
   (``jax.lax.custom_root``), with a tangent solve for scalar, elementwise or vector roots.
 * ``root_in_bracket``: ``newton_in_bracket`` plus ``implicit_root``, with the options the
@@ -74,7 +76,7 @@ def newton_in_bracket(value_and_slope, lo, hi, x0, iters=8, tol=0.0):
 
 
 def bracket_search(evaluate, x0, *, step, lower, upper, iters=60, tol=0.0, whole=False,
-                   ftol=None, safe_end="b"):
+                   ftol=None, safe_end="b", count=False):
   """Root of a decreasing scalar function of x > 0, without a known bracket; values only.
 
   ``evaluate(x)`` returns (f(x), aux). From ``x0`` the search steps outwards in log x by
@@ -90,6 +92,7 @@ def bracket_search(evaluate, x0, *, step, lower, upper, iters=60, tol=0.0, whole
 
   Returns (a, b, aux at a, aux at b, found): both ends evaluated where ``found``; otherwise the
   search reached the end of the domain without a sign change (the function keeps one sign).
+  ``count``: the number of evaluations read is appended (what the search cost).
   """
   x0 = jnp.asarray(x0, jnp.result_type(float))
   lower, upper = jnp.asarray(lower, x0.dtype), jnp.asarray(upper, x0.dtype)
@@ -142,7 +145,8 @@ def bracket_search(evaluate, x0, *, step, lower, upper, iters=60, tol=0.0, whole
                fb=jnp.zeros_like(x0), aux_a=aux0, aux_b=aux0, have_a=no, have_b=no,
                k=jnp.zeros_like(x0), kept=jnp.zeros((), jnp.int32), stop=no)
   c = jax.lax.while_loop(cond, body, start)
-  return c["a"], c["b"], c["aux_a"], c["aux_b"], c["have_a"] & c["have_b"]
+  out = c["a"], c["b"], c["aux_a"], c["aux_b"], c["have_a"] & c["have_b"]
+  return out + (c["i"],) if count else out
 
 
 def bisect(increasing, lo, hi, steps=30):
@@ -157,6 +161,42 @@ def bisect(increasing, lo, hi, steps=30):
     return jnp.where(right, a, mid), jnp.where(right, mid, b)
 
   return jax.lax.fori_loop(0, steps, halve, (lo, hi))
+
+
+def furthest_holding(holds, good, bad, steps=6, geometric=False):
+  """The point of [good, bad] nearest ``bad`` at which the host predicate ``holds`` was seen
+  true, after ``steps`` halvings (of the log span where ``geometric``): ``holds(good)`` is
+  assumed, and holds on one side of a single threshold. No tracing, no gradient."""
+  for _ in range(steps):
+    mid = float(np.sqrt(good * bad)) if geometric else 0.5 * (good + bad)
+    good, bad = (mid, bad) if holds(mid) else (good, mid)
+  return good
+
+
+def largest_whole(fits, start, stride, lower, upper, reads=200):
+  """The largest whole x in [lower, upper] with ``fits(x)`` (a host predicate over arrays,
+  elementwise, true up to a threshold), found from ``start`` by strides of ``stride`` (>= 1)
+  away from it, doubling, until the threshold is bracketed, then by halving on whole numbers:
+  each array of probes is read once, ~log2(distance / stride) + log2(stride) + 2 reads.
+  ``lower - 1`` where nothing fits; None where ``reads`` ran out (``fits`` not monotone)."""
+  start = np.asarray(start, np.float64)
+  here = fits(start)
+  good = np.where(here, start, lower - 1.0)  # the largest x known to fit (lower - 1: none yet)
+  bad = np.where(here, np.inf, start)        # the smallest x known not to (inf: none yet)
+  stride = np.maximum(1.0, np.floor(np.asarray(stride, np.float64)))
+  for _ in range(reads):
+    open_ = bad - good > 1.0
+    if not np.any(open_):
+      return good
+    up, down = ~np.isfinite(bad), good < lower
+    probe = np.where(up, np.minimum(good + stride, upper + 1.0),
+                     np.where(down, np.maximum(bad - stride, lower), np.floor(0.5 * (good + bad))))
+    probe = np.where(open_, probe, good)
+    ok = fits(np.minimum(probe, upper)) & (probe <= upper)
+    good = np.where(open_ & ok, probe, good)
+    bad = np.where(open_ & ~ok, probe, bad)
+    stride = np.where(open_ & (up | down), 2.0 * stride, stride)
+  return None
 
 
 def _tangent_solve(structure):

@@ -21,6 +21,10 @@ front door itself. The root is differentiated by the implicit-function theorem
 whole steps, so with it d / d steps raises; the saddle-point and RDP accountants take real
 counts).
 
+Start. The saddle-point estimate is used where it is one: a value the saddle point flags as
+out of its range (or vacuous), or more than 10x from the central-limit guess, is no estimate
+(at delta 1e-12 it can be 1e-4 of the answer), and the guess is used instead.
+
 Plans. The PLD accountant needs an accuracy plan that serves every value the search visits. With
 concrete inputs it is made here, one per setting, for a window around the start (within 15%),
 and remade when the answer lies at the window's edge: the next window reaches past that edge
@@ -29,11 +33,17 @@ falls at least as fast as 1 / sigma, 1 / q and 1 / sqrt(T)), never around the ol
 window of a wide range of sigma takes the finest grid of its largest sigma and the loss range
 of its smallest: the plan would grow without bound). Each plan's size is estimated on the host
 before anything is computed: a window whose plan exceeds ``MAX_PLAN_POINTS`` is narrowed
-towards the answer, and where even one value needs more, the calibration is refused with the
-reason and what is reachable (a coarser ``eps_error``, or the constant-time "spa" and "rdp"
-accountants). So a calibration answers after at most ``_ROUNDS`` searches on plans of bounded
-size, or refuses. Under ``jit``/``vmap``/``grad`` pass ``plan=`` (from ``calibrate.make_plan``),
-as for ``jaxacct.epsilon``.
+towards where the answer may lie furthest, and where even one value needs more (at the start
+and at the central-limit guess), the calibration is refused with the reason and what is
+reachable (a coarser ``eps_error``, and those of the constant-time "rdp" and "spa" accountants
+that give a finite bound there).
+
+Time. The searches of one setting read at most ``MAX_WORK_POINTS`` grid points in all (each
+round charged its plan's points times the values it read, and a compilation; a round may read
+no more than is left), so a calibration answers within a bound of the plan work, or refuses
+with the same kind of message when that budget runs out.
+Under ``jit``/``vmap``/``grad`` pass ``plan=`` (from ``calibrate.make_plan``), as for
+``jaxacct.epsilon``.
 """
 
 from __future__ import annotations
@@ -52,13 +62,14 @@ from jaxacct import spa as _spa
 from jaxacct._inputs import (check_choice, check_delta, check_epsilon, check_range,
                              check_unused, check_whole)
 from jaxacct._numerics import fast_jit, float64, is_traced, scoped_gradients
-from jaxacct._solver import bracket_search, implicit_root
+from jaxacct._solver import bracket_search, furthest_holding, implicit_root, largest_whole
 from jaxacct.api import RELATIONS, _dpsgd_model, dpsgd_delta, dpsgd_epsilon
 from jaxacct.composition import Composition
 from jaxacct.group import GroupSteps, check_fixed_batch, check_group_size, group_sampling
 from jaxacct.pld import accountant as _pld
 from jaxacct.pld import make_plan as _pld_plan
 from jaxacct.pld.plan import SizeCache as _SizeCache
+from jaxacct.pld.plan import plan_points
 from jaxacct.pld.plan import stack_plans as _pld_stack
 from jaxacct.pld.spectrum import integer_count
 
@@ -68,14 +79,15 @@ ACCOUNTANTS = ("pld", "spa", "rdp")  # the accountants that certify an upper bou
 # The range searched for each unknown (a bracket is grown from the guess within it).
 DOMAIN = {"noise_multiplier": (1e-3, 1e6), "sampling_rate": (1e-12, 1.0),
           "steps": (1.0, 1e7)}
-# The PLD upper at the answer is aimed this far below the target (relative to max(1, epsilon)
-# for an epsilon target, to delta for a delta one): two plans' uppers differ by less. The
+# The PLD upper at the answer is aimed this far below the target (relative): two plans' uppers
+# differ by less (the front door's re-aim is the safety net where they do not). The
 # constant-time accountants compute the same function at the front door: only round-off.
 _PLD_MARGIN = {"epsilon": 2e-4, "delta": 1e-3}
 _EXACT_MARGIN = 1e-9
+_MAX_MARGIN = 0.5  # a re-aimed search aims at least this fraction of the target
 _TOL = 1e-9        # relative width of the final bracket of sigma or q
 _FTOL = 0.05       # ... or the safe end's upper within this fraction of the margin below the aim
-_SEARCH = 60       # evaluations budget of the secant search
+_SEARCH = 60       # evaluations budget of one secant search
 _SPREAD = 1.15     # the PLD plan serves the start's value within this factor either side
 _NEAR = 1.05       # a moved window keeps this much room on the answer's safe side ...
 _REACH = 1.32      # ... and reaches at least this factor past it
@@ -84,12 +96,25 @@ _REACH = 1.32      # ... and reaches at least this factor past it
 # ~1 / sqrt(T) (the central limit). A moved window reaches as far as these slopes allow.
 _ELASTICITY = {"noise_multiplier": 1.0, "sampling_rate": 1.0, "steps": 0.5}
 _ROUNDS = 6        # searches (each on one plan) before a calibration gives up
-# The largest accuracy plan a PLD calibration computes on, in grid points (``plan_points``): a
-# search reads ~10-30 certified values on it, ~1 s each at this size on 2 free CPU cores.
+# The largest accuracy plan a PLD calibration computes on, in grid points (``plan_points``):
+# ~1.8 s per certified value at this size on one busy CPU core (the XLA CPU program uses one).
 MAX_PLAN_POINTS = 2**25
+# The work of one setting's searches, in grid points read (plan points x evaluations, summed
+# over rounds, a compilation counted as ``_COMPILE_POINTS``): ~30 s on one busy core, so with
+# the start, the compilations and the front door's check a calibration answers or refuses
+# within a minute on 2 cores. A round may read ``_SEARCH`` values, fewer where the budget left
+# allows fewer, and is refused below ``_MIN_EVALUATIONS`` (a search from a start in its window
+# reads ~8-15).
+MAX_WORK_POINTS = 16 * MAX_PLAN_POINTS
+_COMPILE_POINTS = 10**8
+_MIN_EVALUATIONS = 16
 _EPS_ERROR = 0.01  # the PLD accountant's default eps_error (its margin above scales with it)
 _STEP = 0.01       # the certified search's first step from its start, in log x (then doubling)
 _SHARED_PLAN_FAILED = results.WINDOW_TOO_SMALL | results.BELOW_FLOOR
+# A saddle-point start with these bits, or beyond this factor of the central-limit guess, is no
+# estimate (the saddle point lies beyond its searched tilts): the guess is used instead.
+_NO_ESTIMATE = results.OUT_OF_RANGE | results.UPPER_VACUOUS | results.APPROXIMATION
+_START_RATIO = 10.0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -142,11 +167,13 @@ def _guess(unknown, target, other, sigma, q, steps, relation, target_kind):
 
 
 def _core(unknown, accountant, target_kind, relation, full_batch, field, step, margin, target,
-          other, sigma, q, steps, start, plan):
+          other, sigma, q, steps, start, plan, iters=_SEARCH, bounds=None):
   """The calibrated value of one setting (implicit gradients) and (whether the search found a
-  sign change, the bounds at the value, the status at the other end of the final bracket). The
-  search reads ``field`` of the accountant's bounds ("upper"; "estimate" for a starting value)
-  and grows its bracket from ``start`` by steps of ``step`` in log x, doubling."""
+  sign change, the bounds at the value, the status at the other end of the final bracket, that
+  end, the values it read). The search reads ``field`` of the accountant's bounds ("upper"; "estimate" for a
+  starting value), grows its bracket from ``start`` by steps of ``step`` in log x, doubling,
+  and reads at most ``iters`` values (may be traced: one program serves every budget), within
+  ``bounds`` (low, high: the values a plan serves; default the unknown's ``DOMAIN``)."""
   single = _single(accountant, target_kind)
   aim = jnp.log(target) + jnp.log1p(-margin)
   whole_steps = accountant == "pld" and unknown != "steps"
@@ -173,61 +200,69 @@ def _core(unknown, accountant, target_kind, relation, full_batch, field, step, m
     value = jnp.where(jnp.isnan(value), jnp.inf, value)  # no bound is never below the target
     return sign * (jnp.log(value) - aim), bounds
 
-  lo, hi = DOMAIN[unknown]
+  lo, hi = DOMAIN[unknown] if bounds is None else bounds
   start = jax.lax.stop_gradient(start)
 
   def solve(_, __):
-    a, b, at_a, at_b, found = bracket_search(
-        evaluate, start, step=step, lower=lo, upper=hi, iters=_SEARCH, tol=_TOL,
-        whole=unknown == "steps", ftol=_FTOL * margin, safe_end="b" if sign > 0 else "a")
-    value, at, far = (b, at_b, at_a) if sign > 0 else (a, at_a, at_b)
+    a, b, at_a, at_b, found, reads = bracket_search(
+        evaluate, start, step=step, lower=lo, upper=hi, iters=iters, tol=_TOL,
+        whole=unknown == "steps", ftol=_FTOL * margin, safe_end="b" if sign > 0 else "a",
+        count=True)
+    value, at, far, far_at = (b, at_b, a, at_a) if sign > 0 else (a, at_a, b, at_b)
     # (as floats: custom_root gives its aux float tangents)
     floats = dataclasses.replace(at, status=at.status.astype(jnp.float64))
-    return value, (found.astype(jnp.float64), floats, far.status.astype(jnp.float64))
+    return value, (found.astype(jnp.float64), floats, far_at.status.astype(jnp.float64), far,
+                   reads.astype(jnp.float64))
 
   if unknown == "steps" or field != "upper":  # a whole number, or a start: no gradient
     value, aux = solve(None, None)
   else:
     value, aux = implicit_root(lambda x: evaluate(x)[0], solve, start, has_aux=True)
-  found, at, far_status = aux
+  found, at, far_status, far, reads = aux
   return value, (found > 0.0, dataclasses.replace(at, status=at.status.astype(jnp.int32)),
-                 far_status.astype(jnp.int32))
+                 far_status.astype(jnp.int32), far, reads)
 
 
 def _start(unknown, target_kind, relation, full_batch, target, other, sigma, q, steps):
-  """Where the certified search starts: the saddle-point accountant's estimate calibrated the
-  same way (constant time; usually within 1e-3), from the central-limit guess; that guess
-  itself where the saddle point finds nothing."""
+  """(where the certified search starts, the central-limit guess): the saddle-point
+  accountant's estimate calibrated the same way (constant time; usually within 1e-3), from the
+  central-limit guess; that guess itself where the saddle point finds nothing, or nothing it
+  estimates (``_NO_ESTIMATE`` at its value, or beyond ``_START_RATIO`` of the guess: at delta
+  1e-12 and sigma 0.78 its rate was 6.9e-8 for an answer of 1e-4, the guess 7.5e-4)."""
   clt = _guess(unknown, target, other, sigma, q, steps, relation, target_kind)
-  value, (found, _, _) = _core(unknown, "spa", target_kind, relation, full_batch, "estimate",
-                               0.25, 0.0, target, other, sigma, q, steps, clt, None)
+  value, (found, at, _, _, _) = _core(unknown, "spa", target_kind, relation, full_batch, "estimate",
+                                   0.25, 0.0, target, other, sigma, q, steps, clt, None)
   lo, hi = DOMAIN[unknown]
-  good = found & jnp.isfinite(value) & (value >= lo) & (value <= hi)
-  return jax.lax.stop_gradient(jnp.where(good, value, clt))
+  near = jnp.abs(jnp.log(value / clt)) <= jnp.log(_START_RATIO)
+  good = (found & jnp.isfinite(value) & (value >= lo) & (value <= hi) & near
+          & (at.status & _NO_ESTIMATE == 0))
+  return jax.lax.stop_gradient(jnp.where(good, value, clt)), jax.lax.stop_gradient(clt)
 
 
 def _runner(unknown, accountant, target_kind, relation, full_batch, with_start):
   """The compiled search over a flat batch (leaves [settings]): one program per plan and
   options. ``with_start``: the start is computed inside (``_start``) rather than given."""
 
-  def one(margin, target, other, sigma, q, steps, start, plan):
+  def one(margin, target, other, sigma, q, steps, start, plan, low, high, iters):
     if with_start:
-      start = _start(unknown, target_kind, relation, full_batch, target, other, sigma, q, steps)
+      start = _start(unknown, target_kind, relation, full_batch, target, other, sigma, q,
+                     steps)[0]
     return _core(unknown, accountant, target_kind, relation, full_batch, "upper", _STEP, margin,
-                 target, other, sigma, q, steps, start, plan)
+                 target, other, sigma, q, steps, start, plan, iters, (low, high))
 
-  def run(margin, target, other, sigma, q, steps, start, plan):
-    # (a plan's leaves: one per setting, or one for all)
+  def run(margin, target, other, sigma, q, steps, start, plan, low, high, iters=_SEARCH):
+    # (a plan's leaves: one per setting, or one for all; [low, high]: where each search may
+    # read; ``iters``: a float64 scalar, the evaluations each search may read)
     plans = jax.tree.map(lambda leaf: jnp.broadcast_to(leaf, margin.shape), plan)
-    args = (margin, target, other, sigma, q, steps, start, plans)
+    args = (margin, target, other, sigma, q, steps, start, plans, low, high)
     chunk = None if (accountant == "pld" and jax.default_backend() == "cpu") else 64
-    return jax.lax.map(lambda a: one(*a), args, batch_size=chunk)
+    return jax.lax.map(lambda a: one(*a, iters), args, batch_size=chunk)
 
   return fast_jit(scoped_gradients(run))
 
 
 def _starter(unknown, target_kind, relation, full_batch):
-  """``_start`` compiled over a flat batch."""
+  """``_start`` compiled over a flat batch: (starts, central-limit guesses)."""
 
   def run(target, other, sigma, q, steps):
     one = lambda *a: _start(unknown, target_kind, relation, full_batch, *a)
@@ -247,12 +282,17 @@ def _compiled(kind, *key):
 
 
 # ----------------------------------------------------------------------------------------------
-# Front doors: checks, plans, the host's verification
+# Front doors: checks and options
+
+
+def _plan_error(eps_error):
+  """The PLD plans' eps_error: the user's, or the accountant's default."""
+  return _EPS_ERROR if eps_error is None else float(eps_error)
 
 
 def _coarseness(eps_error):
   """How much coarser than the default the PLD plan is (>= 1): the aim's margin scales with it."""
-  return max(1.0, (_EPS_ERROR if eps_error is None else float(eps_error)) / _EPS_ERROR)
+  return max(1.0, _plan_error(eps_error) / _EPS_ERROR)
 
 
 def _check(unknown, target, accountant, relation, target_value, other, known, eps_error=None):
@@ -262,39 +302,96 @@ def _check(unknown, target, accountant, relation, target_value, other, known, ep
                ACCOUNTANTS)
   if not isinstance(relation, GroupSteps):
     check_choice("relation", relation, RELATIONS)
-  if accountant != "pld":
-    check_unused(accountant, eps_error=eps_error)
-  elif eps_error is not None:
-    check_range("eps_error", eps_error, 0.0, 1.0, high_open=False)
+  check_argument("eps_error", eps_error, accountant=accountant)
   if target == "epsilon":
-    check_range("epsilon", target_value, 0.0, np.inf)
+    check_argument("epsilon", target_value)
     check_delta(other)
-    floor = _PLD_MARGIN["epsilon"] * _coarseness(eps_error)  # (the upper is aimed this far below)
-    if (accountant == "pld" and not is_traced(target_value)
-        and np.any(np.asarray(target_value) <= floor)):
-      raise ValueError(f"epsilon must be > {floor:g} for the PLD accountant's calibration (its "
-                       f"certified upper is aimed {floor:g} below the target); got "
-                       f"{target_value!r}")
   else:
-    check_delta(target_value)
+    check_argument("delta", target_value)
     check_epsilon(other)
-  names = {"noise_multiplier": (0.0, np.inf, True), "sampling_rate": (0.0, 1.0, True),
-           "steps": (1.0, np.inf, False)}
   for name, value in known.items():
-    low, high, low_open = names[name]
-    check_range(name, value, low, high, low_open=low_open, high_open=name != "sampling_rate")
-    if name == "steps":
-      check_whole("steps", value)
+    check_argument(name, value)
 
 
-def _margin(accountant, target, target_value, eps_error=None):
-  """How far below the target the upper is aimed (relative)."""
-  if accountant != "pld":
-    return jnp.full(jnp.shape(target_value), _EXACT_MARGIN)
-  scale = _coarseness(eps_error)
-  if target == "delta":
-    return jnp.full(jnp.shape(target_value), _PLD_MARGIN["delta"] * scale)
-  return _PLD_MARGIN["epsilon"] * scale * jnp.maximum(1.0, target_value) / target_value
+# What each calibration argument must be: (low, high, low_open, high_open, whole).
+_ARGUMENTS = {"epsilon": (0.0, np.inf, True, True, False),
+              "noise_multiplier": (0.0, np.inf, True, True, False),
+              "sampling_rate": (0.0, 1.0, True, False, False),
+              "steps": (1.0, np.inf, False, True, True),
+              "eps_error": (0.0, 1.0, True, False, False),
+              "group_size": (1.0, np.inf, False, True, True),
+              "batch_size": (1.0, np.inf, False, True, True),
+              "dataset_size": (1.0, np.inf, False, True, True)}
+
+
+def check_argument(name, value, *, accountant="pld"):
+  """Raises ``ValueError`` naming ``name`` unless ``value`` is a valid (concrete) value of that
+  argument of a calibration: "epsilon", "delta", "noise_multiplier", "sampling_rate", "steps",
+  "eps_error" (None passes; only the "pld" ``accountant`` takes one), "group_size",
+  "batch_size", "dataset_size" (whole numbers >= 1). What the command line checks its options
+  with before anything is computed; traced values pass."""
+  if name == "delta":
+    check_delta(value)
+    return
+  check_choice("argument", name, tuple(_ARGUMENTS) + ("delta",))
+  if name == "eps_error":
+    if accountant != "pld":
+      check_unused(accountant, eps_error=value)
+    if value is None:
+      return
+  low, high, low_open, high_open, whole = _ARGUMENTS[name]
+  check_range(name, value, low, high, low_open=low_open, high_open=high_open)
+  if whole:
+    check_whole(name, value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """The static choices of one calibration, read by every stage: what is solved for
+  (``unknown``), the ``target`` ("epsilon" or "delta"), the ``accountant``, the ``relation`` (a
+  name, or a ``group.GroupSteps``), whether the batch is full (q = 1: the Gaussian's model) and
+  the user's ``eps_error`` (None: the default; the front door reads the same)."""
+
+  unknown: str
+  target: str
+  accountant: str
+  relation: object
+  full_batch: bool
+  eps_error: float | None = None
+
+  @property
+  def plan_error(self) -> float:
+    """The PLD plans' eps_error."""
+    return _plan_error(self.eps_error)
+
+  @property
+  def atoms(self) -> int:
+    """Components of one step's loss model: 2 for the subsampled Gaussian, k + 1 for a group."""
+    return self.relation.group_size + 1 if isinstance(self.relation, GroupSteps) else 2
+
+  def key(self, traced):
+    """The static key of the compiled search."""
+    return (self.unknown, self.accountant, self.target, self.relation, self.full_batch, traced)
+
+
+def _options(unknown, target, accountant, relation, known, eps_error):
+  """The ``Options`` of a call (a full batch: every concrete rate 1, against single examples)."""
+  q = known.get("sampling_rate")
+  full_batch = (q is not None and not is_traced(q) and bool(np.all(np.asarray(q) == 1.0))
+                and not isinstance(relation, GroupSteps))
+  return Options(unknown, target, accountant, relation, full_batch, eps_error)
+
+
+def _margin(opts, target_value, gap=None):
+  """How far below the target the upper is aimed (relative): ``_PLD_MARGIN`` for the PLD
+  accountant, scaled with a coarser eps_error (relative at every epsilon: an absolute 2e-4 aimed
+  epsilon 1e-3 at 8e-4 and gave a sigma 25% too large), round-off for the others; at most
+  ``gap`` (absolute: ``get_noise_multiplier``'s tolerance)."""
+  target_value = jnp.asarray(target_value, jnp.float64)
+  margin = (_PLD_MARGIN[opts.target] * _coarseness(opts.eps_error) if opts.accountant == "pld"
+            else _EXACT_MARGIN)
+  margin = jnp.full(jnp.shape(target_value), margin)
+  return margin if gap is None else jnp.minimum(margin, gap / target_value)
 
 
 def _settings(unknown, known, target_value, other, margin):
@@ -304,115 +401,159 @@ def _settings(unknown, known, target_value, other, margin):
   return arrays[0].shape, tuple(jnp.ravel(a) for a in arrays)
 
 
-def _starts(unknown, target, relation, full_batch, flat):
-  """``_start`` of every setting of a flat batch (host values)."""
-  return np.asarray(_compiled("start", unknown, target, relation, full_batch)(*flat[1:]))
+def _rows(flat):
+  """The settings of a flat batch as rows [target, other, sigma, q, steps] (host values)."""
+  return np.stack([np.asarray(a) for a in flat[1:]], axis=-1)
+
+
+def _one(flat, index):
+  """One setting of a flat batch as a flat batch of one."""
+  return tuple(np.asarray(a)[index:index + 1] for a in flat)
+
+
+def _starts(opts, flat):
+  """(``_start``, the central-limit guess) of every setting of a flat batch (host values)."""
+  start, clt = _compiled("start", opts.unknown, opts.target, opts.relation,
+                         opts.full_batch)(*flat[1:])
+  return np.asarray(start), np.asarray(clt)
 
 
 # ----------------------------------------------------------------------------------------------
 # Plans of bounded size
 
 
-def _atoms(relation):
-  """Components of one step's loss model: 2 for the subsampled Gaussian, k + 1 for a group."""
-  return relation.group_size + 1 if isinstance(relation, GroupSteps) else 2
+@dataclasses.dataclass(frozen=True)
+class Window:
+  """The plan a round's search runs on and, per setting, the range [low, high] of the unknown
+  it was made to serve (None for a caller's plan)."""
+
+  plan: object
+  low: np.ndarray | None = None
+  high: np.ndarray | None = None
 
 
-def plan_points(plan, atoms=2) -> int:
-  """The work of one certified value on ``plan``, in grid points (~0.1 us each, measured on 2
-  busy CPU cores): the FFT; the per-step grid, whose loss CDFs cost about two points per atom of
-  the loss model (``atoms``: 2 for DP-SGD's subsampled Gaussian, k + 1 against groups of k); and
-  the low band's direct sums, one per frequency and block of the per-step grid
-  (``spectrum.low_log_spectrum``: for a step whose loss is narrow against its range, e.g. a small
-  sampling rate, these dominate, and a coarser grid does not shrink them). ``MAX_PLAN_POINTS``
-  bounds it."""
-  per_step, fft, low, block, _ = plan.sizes
-  return int(fft) + 2 * int(atoms) * int(per_step) + int(low) * -(-int(per_step) // int(block))
-
-
-def _setting_plan(unknown, target, relation, full_batch, rows, low, high, eps_error, size_cache):
+def _setting_plan(opts, rows, low, high, eps_error, size_cache=None):
   """One plan serving the unknown over [low, high] for every row of ``rows`` ([target, other,
   sigma, q, steps] each), down to the smallest delta the search reads."""
   target_value, other, sigma, q, steps = np.reshape(rows, (-1, 5)).T
-  lo, hi = DOMAIN[unknown]
+  lo, hi = DOMAIN[opts.unknown]
   ends = np.clip(np.concatenate([np.broadcast_to(low, sigma.shape),
                                  np.broadcast_to(high, sigma.shape)]), lo, hi)
   known = {"noise_multiplier": np.tile(sigma, 2), "sampling_rate": np.tile(q, 2),
            "steps": np.tile(steps, 2)}
-  known[unknown] = np.round(ends) if unknown == "steps" else ends
+  known[opts.unknown] = np.round(ends) if opts.unknown == "steps" else ends
   comp = _composition(known["noise_multiplier"], known["sampling_rate"], known["steps"],
-                      relation, full_batch)
-  smallest = other if target == "epsilon" else 0.1 * target_value
+                      opts.relation, opts.full_batch)
+  smallest = other if opts.target == "epsilon" else 0.1 * target_value
   return _pld_plan(comp, np.tile(smallest, 2), eps_error=eps_error, size_cache=size_cache)
 
 
-def _plan_for(unknown, target, relation, full_batch, flat, centre, spread, size_cache,
-              eps_error=_EPS_ERROR):
+def _plan_for(opts, flat, centre, spread, size_cache):
   """One PLD plan serving the search of every setting of a flat batch within a factor
   ``spread`` of its ``centre`` (``make_plan``: one grid for the whole batch)."""
-  rows = np.stack([np.asarray(a) for a in flat[1:]], axis=-1)
   centre = np.asarray(centre)
-  return _setting_plan(unknown, target, relation, full_batch, rows, centre / spread,
-                       centre * spread, eps_error, size_cache)
+  return _setting_plan(opts, _rows(flat), centre / spread, centre * spread, opts.plan_error,
+                       size_cache)
 
 
-def _plan_or_none(unknown, target, relation, full_batch, row, low, high, eps_error,
-                  size_cache=None):
-  """``_setting_plan`` of one setting, or None where no plan serves it (the planner refuses a
-  loss span beyond float64 or an FFT beyond 2^26 points)."""
+# The planner's refusals (``pld.plan.make_plan``): a loss span beyond float64, an FFT beyond 2^26.
+_PLANNER_REFUSALS = ("the composed privacy loss spans", "the plan needs an FFT of")
+
+
+def _plan_or_none(opts, row, low, high, eps_error=None, size_cache=None):
+  """``_setting_plan`` of one setting (at ``eps_error``, default the call's), or None where the
+  planner refuses it; any other error propagates."""
+  eps_error = opts.plan_error if eps_error is None else eps_error
   try:
-    return _setting_plan(unknown, target, relation, full_batch, row, np.array([low]),
-                         np.array([high]), eps_error, size_cache)
-  except ValueError:
+    return _setting_plan(opts, row, np.array([low]), np.array([high]), eps_error, size_cache)
+  except ValueError as err:
+    if str(err).startswith(_PLANNER_REFUSALS):
+      return None
+    raise
+
+
+def _points(plan, opts):
+  """``plan_points`` of a plan (+inf for none)."""
+  return np.inf if plan is None else plan_points(plan, opts.atoms)
+
+
+def _fits(plan, opts, limit=MAX_PLAN_POINTS):
+  """Whether a plan exists and is within ``limit`` grid points."""
+  return _points(plan, opts) <= limit
+
+
+def _furthest_fitting(opts, row, far, near):
+  """The point of [near, far] (in log x) nearest ``far`` whose plan alone fits (to ~1.5% of the
+  log span), or None where ``near``'s does not either."""
+  fits = lambda x: _fits(_plan_or_none(opts, row, x, x), opts)
+  if fits(far):
+    return far
+  if near is None or not fits(near):
     return None
+  return furthest_holding(fits, near, far, geometric=True)
 
 
-def _fits(plan, relation):
-  return plan is not None and plan_points(plan, _atoms(relation)) <= MAX_PLAN_POINTS
-
-
-def _fitted_plan(unknown, target, relation, full_batch, row, low, high, anchor, eps_error,
-                 size_cache):
+def _fitted_plan(opts, row, low, high, anchor, fallback, cache):
   """One setting's plan over [low, high], narrowed in log x towards ``anchor`` (where its answer
-  is expected) until it fits ``MAX_PLAN_POINTS``: (plan, low, high); plan None where even the
-  anchor alone does not fit. Only sizes are estimated (on the host) until the one kept."""
-  def ends(t):
-    return anchor * (low / anchor) ** t, anchor * (high / anchor) ** t
-
-  trial = lambda t: _plan_or_none(unknown, target, relation, full_batch, row, *ends(t), eps_error)
-  whole = _plan_or_none(unknown, target, relation, full_batch, row, low, high, eps_error,
-                        size_cache)
-  if _fits(whole, relation):
-    return whole, low, high
-  if not _fits(trial(0.0), relation):
-    return None, anchor, anchor
-  fit, over = 0.0, 1.0
-  for _ in range(6):  # (the window kept to within ~1.5% of the largest that fits, in log x)
-    mid = 0.5 * (fit + over)
-    fit, over = (mid, over) if _fits(trial(mid), relation) else (fit, mid)
-  low, high = ends(fit)
-  return (_plan_or_none(unknown, target, relation, full_batch, row, low, high, eps_error,
-                        size_cache), low, high)
+  may lie furthest) until it fits ``MAX_PLAN_POINTS``; where ``anchor`` alone does not fit, the
+  anchor moves towards ``fallback`` as far as fits. (plan, low, high), plan None where no anchor
+  fits. The windows are sized without the cache (a size the cache offers may be 2x larger, and
+  a window that does not fit must leave no sizes there); the plan kept takes the cache's sizes
+  where those fit too (``_cached_plan``)."""
+  anchor = _furthest_fitting(opts, row, anchor, fallback)
+  if anchor is None:
+    return None, low, high
+  ends = lambda t: (anchor * (low / anchor) ** t, anchor * (high / anchor) ** t)
+  fits = lambda t: _fits(_plan_or_none(opts, row, *ends(t)), opts)
+  # (the window kept to within ~1.5% of the largest that fits, in log x)
+  low, high = ends(1.0 if fits(1.0) else furthest_holding(fits, 0.0, 1.0))
+  return _cached_plan(opts, row, low, high, cache), low, high
 
 
-def _own_plan(unknown, target, relation, full_batch, flat, low, high, anchor, eps_error,
-              size_cache):
-  """Each setting planned apart over its window (fitted to the budget) and the plans stacked
-  (leaves [settings]: a batch of diverse settings costs its largest, not the union of all):
-  (plan, low, high, the index of a setting whose anchor alone needs too large a plan, or None)."""
-  rows = np.stack([np.asarray(a) for a in flat[1:]], axis=-1)
-  keys = np.concatenate([rows, np.stack([low, high, anchor], axis=-1)], axis=-1)
+def _cached_plan(opts, row, low, high, cache):
+  """The plan over [low, high] on sizes the cache offers (another round's compiled program)
+  where those fit ``MAX_PLAN_POINTS``, else on its own sizes (which fit)."""
+  if cache is not None:
+    plan = _plan_or_none(opts, row, low, high, size_cache=cache)
+    if _fits(plan, opts):
+      return plan
+  return _plan_or_none(opts, row, low, high)
+
+
+def _own_plan(opts, flat, low, high, anchor, fallback, cache):
+  """Each setting planned apart over its window (``_fitted_plan``) and the plans stacked (leaves
+  [settings]: a batch of diverse settings costs its largest, not the union of all): (Window,
+  the indices of the settings no plan serves; the Window None where there are any)."""
+  rows = _rows(flat)
+  fallback = np.full(rows.shape[0], np.nan) if fallback is None else fallback
+  keys = np.concatenate([rows, np.stack([low, high, anchor, fallback], axis=-1)], axis=-1)
   unique, index = np.unique(keys, axis=0, return_inverse=True)
   index = np.ravel(index)
-  fitted = [_fitted_plan(unknown, target, relation, full_batch, key[:5], *key[5:], eps_error,
-                         size_cache) for key in unique]
-  for j, (plan, _, _) in enumerate(fitted):
-    if plan is None:
-      return None, low, high, int(np.flatnonzero(index == j)[0])
+  fitted = [_fitted_plan(opts, key[:5], *key[5:8], None if np.isnan(key[8]) else key[8], cache)
+            for key in unique]
+  missing = [j for j, (plan, _, _) in enumerate(fitted) if plan is None]
+  if missing:
+    return None, [int(i) for i in np.flatnonzero(np.isin(index, missing))]
   plans = [fitted[j][0] for j in index]
   plan = plans[0] if len(plans) == 1 else _pld_stack(plans)
-  return (plan, np.array([fitted[j][1] for j in index]), np.array([fitted[j][2] for j in index]),
-          None)
+  return Window(plan, np.array([fitted[j][1] for j in index]),
+                np.array([fitted[j][2] for j in index])), []
+
+
+def _first_window(opts, flat, start, clt, cache):
+  """(the first round's Window, its starts): each setting's window around its start
+  (``_SPREAD`` either side). Where a start's plan does not fit even alone, the central-limit
+  guess's window is tried before refusing (a start may lie far on the costly side)."""
+  window, missing = _own_plan(opts, flat, start / _SPREAD, start * _SPREAD, start, None, cache)
+  if not missing:
+    return window, start
+  moved = start.copy()
+  moved[missing] = clt[missing]
+  if np.any(moved != start):
+    window, still = _own_plan(opts, flat, moved / _SPREAD, moved * _SPREAD, moved, None, cache)
+    if not still:
+      return window, moved
+  raise _too_large(opts, flat, missing[0], float(start[missing[0]]))
 
 
 def _next_window(unknown, value, upper, aim):
@@ -428,89 +569,311 @@ def _next_window(unknown, value, upper, aim):
   return value / _NEAR, value * reach * _SPREAD, value * reach
 
 
-def _describe(unknown, target, flat, index):
+def _short_window(opts, flat, window, short, last):
+  """(low, high, where the search starts, the edge, its upper) of the next plan for the
+  settings (``short``) whose whole window read above the target (no sign change up to its
+  edge): the answer lies past the window's edge towards smaller epsilon. From the front door's
+  upper at that edge, the estimate by the slope of log epsilon in log x: measured between this
+  edge and the last one moved past (``last``: (edges, uppers), nan where none), else
+  ``_ELASTICITY`` (epsilon falls ~1 / sigma, ~q, ~sqrt(T) where it is small; slower in q and T,
+  faster in sigma, where it is large: a later round moves on); at least ``_REACH`` and at most
+  100x past the edge (10x where the edge has no finite bound), with ``_SPREAD`` room beyond
+  and half the way back to the edge (in log x) behind."""
+  low, high = _search_bounds(opts, window, short.shape[0])
+  edge = high if opts.unknown == "noise_multiplier" else low
+  upper = np.full(edge.shape, np.inf)
+  rows = np.flatnonzero(short)
+  upper[rows] = _front_door_upper(opts, tuple(np.asarray(a)[rows] for a in flat), edge[rows])
+  aim = np.asarray(flat[1]) * (1.0 - np.asarray(flat[0]))
+  with np.errstate(divide="ignore", invalid="ignore"):
+    measured = np.abs(np.log(last[1] / upper) / np.log(last[0] / edge))
+  slope = np.where(np.isfinite(measured) & (measured > 0.0),
+                   np.clip(measured, 0.1, 4.0), _ELASTICITY[opts.unknown])
+  ratio = np.where(np.isfinite(upper) & (upper > aim), upper / aim, 10.0 ** slope)
+  reach = np.clip(ratio ** (1.0 / slope), _REACH, 100.0)
+  guess = edge * reach if opts.unknown == "noise_multiplier" else edge / reach
+  # (the window reaches back half way to the edge in log x: the estimate may overshoot)
+  back = np.sqrt(guess * edge)
+  low, high = ((np.minimum(back, guess / _SPREAD), guess * _SPREAD)
+               if opts.unknown == "noise_multiplier"
+               else (guess / _SPREAD, np.maximum(back, guess * _SPREAD)))
+  return low, high, guess, edge, upper
+
+
+def _moved_window(opts, flat, found, window, failed, x0, cache, last):
+  """(the next round's Window, its starts) where answers lay at the edge of what the plan served
+  (``failed``): reaching past that edge towards larger epsilon (``_next_window``), or, where the
+  whole window read above the target, past its other edge (``_short_window``); narrowed towards
+  where the answer may lie furthest, or as far towards it as a plan fits (each anchor moved back
+  towards the edge); other settings keep their windows and starts. Refused where no window
+  moves the answer on by 2% (the plan beyond is too large). ``last``: (edges, uppers) of the
+  last moves past a short window (nan where none), returned updated."""
+  aim = np.asarray(flat[1]) * (1.0 - np.asarray(flat[0]))
+  upper = np.asarray(found.bounds.upper)
+  far_low, far_high, guess = _next_window(opts.unknown, found.value, upper, aim)
+  edge = found.value  # (the last value served, past which the answer lies, and its upper)
+  reached = upper
+  at_low, at_high = _stuck(opts, found, window)
+  short = failed & (at_high if opts.unknown == "noise_multiplier" else at_low)
+  if np.any(short):
+    s_low, s_high, s_guess, s_edge, s_upper = _short_window(opts, flat, window, short, last)
+    last = (np.where(short, s_edge, last[0]), np.where(short, s_upper, last[1]))
+    far_low, far_high = np.where(short, s_low, far_low), np.where(short, s_high, far_high)
+    guess, edge = np.where(short, s_guess, guess), np.where(short, s_edge, edge)
+    reached = np.where(short, s_upper, upper)
+  low, high = np.where(failed, far_low, window.low), np.where(failed, far_high, window.high)
+  anchor = np.where(failed, guess, np.clip(edge, low, high))
+  moved, missing = _own_plan(opts, flat, low, high, anchor, np.clip(edge, low, high), cache)
+  if missing:
+    i = missing[0]
+    raise _too_large(opts, flat, i, float(guess[i]), reached=(edge[i], reached[i]))
+  x0 = np.where(failed, np.clip(guess, moved.low, moved.high), x0)
+  if opts.unknown == "steps":
+    x0 = np.round(x0)
+  # (how far past the last edge the new window reaches, towards where the answer lies)
+  if opts.unknown == "noise_multiplier":
+    on = np.where(short, moved.high / edge, edge / moved.low)
+  else:
+    on = np.where(short, edge / moved.low, moved.high / edge)
+  stuck = np.flatnonzero(failed & (on < 1.02))
+  if stuck.size:
+    i = int(stuck[0])
+    raise _too_large(opts, flat, i, float(guess[i]), reached=(edge[i], reached[i]))
+  return moved, x0, last
+
+
+def _allowance(opts, flat, window, spent, sizes):
+  """(the evaluations this round's search may read, the work spent with its compilation, the
+  plan sizes compiled so far): at most ``_SEARCH``, within what is left of ``MAX_WORK_POINTS``
+  (a new plan size is also charged a compilation; the values read are charged after the search,
+  ``_spent``). Refused where fewer than ``_MIN_EVALUATIONS`` are left."""
+  points = plan_points(window.plan, opts.atoms)
+  compile_cost = 0 if window.plan.sizes in sizes else _COMPILE_POINTS
+  evaluations = min(_SEARCH, (MAX_WORK_POINTS - spent - compile_cost) // points)
+  if evaluations < _MIN_EVALUATIONS:  # (the batch shares the plan: named by its first)
+    raise _too_large(opts, flat, 0, float(np.sqrt(window.low[0] * window.high[0])), spent=spent)
+  return evaluations, spent + compile_cost, sizes | {window.plan.sizes}
+
+
+def _spent(opts, window, spent, found):
+  """The work spent after a search: the values its most costly setting read, on the plan."""
+  return spent + int(np.max(found.reads)) * plan_points(window.plan, opts.atoms)
+
+
+def _describe(opts, flat, index):
   """(target value, "(delta ..., sigma ..., ...)") of one setting of a flat batch, for messages."""
   _, target_value, other, sigma, q, steps = (float(np.asarray(a)[index]) for a in flat)
-  setting = (f"({'delta' if target == 'epsilon' else 'epsilon'} {other:g}"
-             + "".join(f", {n} {v:g}" for n, v in zip(UNKNOWNS, (sigma, q, steps)) if n != unknown)
-             + ")")
+  setting = (f"({'delta' if opts.target == 'epsilon' else 'epsilon'} {other:g}"
+             + "".join(f", {n} {v:g}" for n, v in zip(UNKNOWNS, (sigma, q, steps))
+                       if n != opts.unknown) + ")")
   return target_value, setting
 
 
-def _coarser_eps_error(unknown, target, relation, full_batch, row, x, eps_error, points):
-  """The smallest eps_error (of a few tried, up to 1) whose plan at ``x`` fits, or None."""
-  factor = max(points / MAX_PLAN_POINTS, 1.25) if np.isfinite(points) else 2.0
+def _coarser_eps_error(opts, row, x, points, limit):
+  """The smallest eps_error (of a few tried, up to 1) whose plan at ``x`` is within ``limit``
+  grid points, or None."""
+  factor = max(points / limit, 1.25) if np.isfinite(points) else 2.0
+  coarser = opts.plan_error
   for _ in range(8):
-    coarser = eps_error * factor
-    if coarser > 1.0:
-      coarser = 1.0
-    if _fits(_plan_or_none(unknown, target, relation, full_batch, row, x, x, coarser), relation):
+    coarser = min(coarser * factor, 1.0)
+    if _fits(_plan_or_none(opts, row, x, x, eps_error=coarser), opts, limit):
       return coarser
     if coarser == 1.0:
       return None
-    factor *= 1.5
+    factor = 1.5
   return None
 
 
-def _too_large(unknown, target, relation, full_batch, flat, index, x, eps_error, reached=None):
-  """The ValueError for a setting whose answer needs a plan above ``MAX_PLAN_POINTS`` near ``x``
-  (``reached``: the furthest value served and its certified upper, where the answer lies beyond
-  it): the plan's size and what drives it, and what is reachable."""
-  row = np.array([float(np.asarray(a)[index]) for a in flat[1:]])
-  target_value, setting = _describe(unknown, target, flat, index)
-  plan = _plan_or_none(unknown, target, relation, full_batch, row, x, x, eps_error)
+def _constant_time(opts, flat, index, x):
+  """[(accountant, its certified upper at ``x``)] of the constant-time accountants ("rdp",
+  "spa") whose upper there is finite: those that can serve the setting (milliseconds warm)."""
+  named = []
+  for accountant in ("rdp", "spa"):
+    other = dataclasses.replace(opts, accountant=accountant, eps_error=None)
+    try:
+      upper = float(_front_door_upper(other, _one(flat, index), np.array([x]))[0])
+    except ValueError:
+      continue
+    if np.isfinite(upper):
+      named.append((accountant, upper))
+  return named
+
+
+def _reachable(opts, flat, index, x, points, limit):
+  """What serves a setting whose PLD plan near ``x`` (``points`` grid points) is too large for
+  ``limit``: a coarser eps_error whose plan fits, and the constant-time accountants that give a
+  finite bound there."""
+  coarser = _coarser_eps_error(opts, _rows(flat)[index], x, points, limit)
+  constant = [f"accountant={name!r} (certified, constant time in the number of steps: upper "
+              f"{opts.target} {upper:.6g} at {opts.unknown} {x:.6g})"
+              for name, upper in _constant_time(opts, flat, index, x)]
+  offers = ([f"eps_error >= {coarser:.3g} (now {opts.plan_error:g}: a wider certified "
+             "bracket)"] if coarser is not None else []) + constant
+  if not offers:
+    return (f"nothing here: no eps_error up to 1 brings the PLD plan within it, and neither "
+            f"constant-time accountant ('rdp', 'spa') gives a finite upper at {opts.unknown} "
+            f"{x:.6g}")
+  lacking = [] if coarser is not None else ["no eps_error up to 1 brings the PLD plan within it"]
+  if len(constant) < 2:
+    lacking.append("the other constant-time accountants give no finite upper there" if constant
+                   else "neither constant-time accountant ('rdp', 'spa') gives a finite upper "
+                   "there")
+  return " or ".join(offers) + "".join(f"; {text}" for text in lacking)
+
+
+def _plan_needs(plan, opts):
+  """What a plan's size is made of, for messages."""
   if plan is None:
-    points, need = np.inf, "a loss grid wider than float64 serves"
+    return "a loss grid wider than float64 serves"
+  per_step, fft, low, block, _ = plan.sizes
+  return (f"{_points(plan, opts):,} grid points (a {fft:,}-point FFT, a per-step grid of "
+          f"{per_step:,} points at step {float(np.ravel(plan.grid_step)[0]):.3g} and {low:,} low "
+          f"frequencies summed directly over {-(-per_step // block):,} blocks)")
+
+
+def _too_large(opts, flat, index, x, reached=None, spent=None):
+  """The ValueError for a setting whose answer needs a plan above ``MAX_PLAN_POINTS`` near ``x``
+  (``reached``: the furthest value served and its certified upper, where the answer lies
+  beyond it), or (``spent``: the work of the rounds so far) whose next search would go beyond
+  ``MAX_WORK_POINTS``: the plan's size and what drives it, and what is reachable."""
+  plan = _plan_or_none(opts, _rows(flat)[index], x, x)
+  target_value, setting = _describe(opts, flat, index)
+  head = (f"calibrating {opts.unknown} for {opts.target} {target_value:g} {setting} by the PLD "
+          f"accountant: ")
+  if spent is None:
+    limit = MAX_PLAN_POINTS
+    why = (f"near {opts.unknown} {x:.6g} its accuracy plan needs {_plan_needs(plan, opts)}, more "
+           f"than the {MAX_PLAN_POINTS:,} a calibration computes on "
+           f"(jaxacct.calibrate.MAX_PLAN_POINTS: ~2 s per value on one CPU core)")
   else:
-    points = plan_points(plan, _atoms(relation))
-    per_step, fft, low, block, _ = plan.sizes
-    need = (f"{points:,} grid points (a {fft:,}-point FFT, a per-step grid of {per_step:,} "
-            f"points at step {float(np.ravel(plan.grid_step)[0]):.3g} and {low:,} low "
-            f"frequencies summed directly over {-(-per_step // block):,} blocks)")
+    limit = MAX_PLAN_POINTS // 4  # (a plan on which a few searches fit the budget)
+    why = (f"its searches would read more than the {MAX_WORK_POINTS:,} grid points a calibration "
+           f"spends (jaxacct.calibrate.MAX_WORK_POINTS: ~30 s on one CPU core): {spent:,} read "
+           f"so far, and near {opts.unknown} {x:.6g} each value needs "
+           f"{_plan_needs(plan, opts)}")
   beyond = "" if reached is None else (
-      f"; the target lies beyond {unknown} {reached[0]:.6g}, whose certified upper {target} is "
-      f"{reached[1]:.6g}")
-  coarser = _coarser_eps_error(unknown, target, relation, full_batch, row, x, eps_error, points)
-  constant = "accountant='rdp' or 'spa' (certified, constant time in the number of steps)"
-  reach = (f"eps_error >= {coarser:.3g} (now {eps_error:g}: a wider certified bracket), or "
-           f"{constant}" if coarser is not None else
-           f"{constant}; no eps_error up to 1 brings the PLD plan within it")
-  return ValueError(
-      f"calibrating {unknown} for {target} {target_value:g} {setting} by the PLD accountant: near "
-      f"{unknown} {x:.6g} its accuracy plan needs {need}, more than the {MAX_PLAN_POINTS:,} a "
-      f"calibration computes on (jaxacct.calibrate.MAX_PLAN_POINTS: ~1 s per value on 2 CPU "
-      f"cores){beyond}. Reachable: {reach}")
+      f"; the target lies beyond {opts.unknown} {reached[0]:.6g}, whose certified upper "
+      f"{opts.target} is {reached[1]:.6g}")
+  reach = _reachable(opts, flat, index, x, _points(plan, opts), limit)
+  return ValueError(f"{head}{why}{beyond}. Reachable: {reach}")
 
 
 # ----------------------------------------------------------------------------------------------
-# The host's verification and messages
+# One round: the search, its checks, the front door's verification
 
 
-def _front_door_upper(unknown, target, accountant, relation, flat, value, eps_error=None):
-  """The certified upper at ``value`` as ``jaxacct.dpsgd_epsilon``/``dpsgd_delta`` give it."""
+@dataclasses.dataclass(frozen=True)
+class Found:
+  """A search's outcome per setting (host arrays): the ``value`` (the safe end of the final
+  bracket), whether a sign change was ``found``, the ``bounds`` at the value, the other end
+  of the bracket (``far``) with its status, and the values the search ``reads``."""
+
+  value: np.ndarray
+  found: np.ndarray
+  bounds: object
+  far_status: np.ndarray
+  far: np.ndarray
+  reads: np.ndarray
+
+
+def _search_bounds(opts, window, settings):
+  """(low, high) per setting where its search may read: the values its plan serves (the
+  window, within the domain; whole steps), or the domain for a caller's plan."""
+  lo, hi = DOMAIN[opts.unknown]
+  if window.low is None:
+    return np.full(settings, lo), np.full(settings, hi)
+  low, high = np.clip(window.low, lo, hi), np.clip(window.high, lo, hi)
+  return (np.round(low), np.round(high)) if opts.unknown == "steps" else (low, high)
+
+
+def _search(opts, flat, x0, window, evaluations):
+  """Every setting's certified search from ``x0`` on ``window``'s plan (one compiled program),
+  within the values it serves (``_search_bounds``), reading at most ``evaluations`` values
+  each."""
+  run = _compiled("search", *opts.key(False))
+  low, high = _search_bounds(opts, window, np.shape(x0)[0])
+  value, (found, bounds, far_status, far, reads) = run(
+      *flat, x0, window.plan, jnp.asarray(low), jnp.asarray(high), jnp.float64(evaluations))
+  return Found(np.asarray(value), np.asarray(found), jax.tree.map(np.asarray, bounds),
+               np.asarray(far_status), np.asarray(far), np.asarray(reads))
+
+
+def _check_found(opts, flat, found, spent, failed):
+  """Raises for a setting whose search found no sign change and whose plan served every value
+  it read (not ``failed``): its target unreachable where the search ran to the end of the
+  domain, else (its evaluations spent first: with at least ``_MIN_EVALUATIONS`` the domain's
+  ends are reached) beyond the work budget."""
+  missed = np.flatnonzero(~found.found & ~failed)
+  if not missed.size:
+    return
+  i = int(missed[0])
+  lo, hi = DOMAIN[opts.unknown]
+  ends = np.array([found.value[i], found.far[i]])
+  if np.any(np.isclose(ends, lo, rtol=1e-9, atol=0.0) | np.isclose(ends, hi, rtol=1e-9, atol=0.0)):
+    raise _unreachable(opts, flat, found.value, i)
+  raise _too_large(opts, flat, i, float(found.value[i]), spent=spent)
+
+
+def _stuck(opts, found, window):
+  """(at the low end, at the high end) of its window, not the domain's: the settings whose
+  search found no sign change there (it stops at the first value it may not read past)."""
+  lo, hi = DOMAIN[opts.unknown]
+  low, high = _search_bounds(opts, window, found.value.shape[0])
+  at = lambda end: np.isclose(found.value, end, rtol=1e-12) | np.isclose(found.far, end, rtol=1e-12)
+  return ~found.found & at(low) & (low > lo), ~found.found & at(high) & (high < hi)
+
+
+def _failed_rows(opts, found, window, own_plan):
+  """The settings whose answer lies past what their own plan served: their search stopped at
+  the window's edge without a sign change (``_stuck``), or read values the plan's floor does
+  not hold."""
+  status = np.asarray(found.bounds.status) | found.far_status
+  at_low, at_high = _stuck(opts, found, window)
+  return own_plan & ((status & _SHARED_PLAN_FAILED != 0) | at_low | at_high)
+
+
+def _front_door_upper(opts, flat, value):
+  """The certified upper at ``value`` as ``jaxacct.dpsgd_epsilon``/``dpsgd_delta`` (against
+  groups ``group_epsilon``/``group_delta``) give it, with the call's accountant and eps_error."""
   _, target_value, other, sigma, q, steps = flat
-  known = {"noise_multiplier": sigma, "sampling_rate": q, "steps": steps, unknown: value}
-  if isinstance(relation, GroupSteps):
-    return np.asarray(relation.upper(target, known["noise_multiplier"], known["sampling_rate"],
-                                     known["steps"], other, accountant, eps_error))
-  fn = dpsgd_epsilon if target == "epsilon" else dpsgd_delta
+  known = {"noise_multiplier": sigma, "sampling_rate": q, "steps": steps, opts.unknown: value}
+  if isinstance(opts.relation, GroupSteps):
+    return np.asarray(opts.relation.upper(opts.target, known["noise_multiplier"],
+                                          known["sampling_rate"], known["steps"], other,
+                                          opts.accountant, opts.eps_error))
+  fn = dpsgd_epsilon if opts.target == "epsilon" else dpsgd_delta
   return np.asarray(fn(known["noise_multiplier"], known["sampling_rate"], known["steps"], other,
-                       relation=relation, accountant=accountant, eps_error=eps_error).upper)
+                       relation=opts.relation, accountant=opts.accountant,
+                       eps_error=opts.eps_error).upper)
 
 
-def _unreachable(unknown, target, accountant, relation, flat, value, index, eps_error=None):
+def _front_door_excess(opts, flat, value):
+  """How far (relative) the front door's own certified upper at ``value`` lies above each target:
+  0 where it meets it, 1e-3 where it gives no finite bound."""
+  upper = _front_door_upper(opts, flat, value)
+  target = np.asarray(flat[1])
+  over = ~(upper <= target)  # (nan: no bound, over)
+  return np.where(over, np.nan_to_num(upper / target - 1.0, nan=1e-3, posinf=1e-3), 0.0)
+
+
+def _reaimed(flat, excess):
+  """The flat batch aimed lower by twice each setting's excess (and round-off) where it has one:
+  the front door's plan read a higher upper than the search's."""
+  margin = np.asarray(flat[0]) + 2.0 * excess + np.where(excess > 0.0, _EXACT_MARGIN, 0.0)
+  return (jnp.asarray(np.minimum(margin, _MAX_MARGIN)),) + flat[1:]
+
+
+def _unreachable(opts, flat, value, index):
   """The ValueError for a setting whose target no value of the unknown meets."""
-  _, target_value, other, sigma, q, steps = (np.asarray(a)[index] for a in flat)
-  lo, hi = DOMAIN[unknown]
+  _, target_value, _, _, _, _ = (np.asarray(a)[index] for a in flat)
+  lo, hi = DOMAIN[opts.unknown]
   at = float(np.asarray(value)[index])
-  one = tuple(np.asarray([v]) for v in (0.0, target_value, other, sigma, q, steps))
   try:
-    upper = float(_front_door_upper(unknown, target, accountant, relation, one,
-                                    np.asarray([at]), eps_error)[0])
+    upper = float(_front_door_upper(opts, _one(flat, index), np.asarray([at]))[0])
   except ValueError:
     upper = float("nan")
-  _, setting = _describe(unknown, target, flat, index)
-  what = f"{target} {target_value:g}"
+  _, setting = _describe(opts, flat, index)
+  what, unknown, target = f"{opts.target} {target_value:g}", opts.unknown, opts.target
   above = not upper <= target_value  # (nan or inf: no finite bound there)
   if unknown == "steps" and not above:
     why = f"every number of steps up to {hi:g} fits (certified upper {upper:.6g} at {at:g})"
@@ -520,13 +883,31 @@ def _unreachable(unknown, target, accountant, relation, flat, value, index, eps_
     why = (f"it would need a sampling rate above 1: the full batch already gives a certified "
            f"upper {target} of {upper:.6g}")
   elif above:
-    why = (f"the {accountant} accountant's certified upper {target} stays above the target over "
-           f"[{lo:g}, {hi:g}] (at {at:.6g}: {upper:.6g}; inf means it gives no finite bound "
+    why = (f"the {opts.accountant} accountant's certified upper {target} stays above the target "
+           f"over [{lo:g}, {hi:g}] (at {at:.6g}: {upper:.6g}; inf means it gives no finite bound "
            "there)")
   else:
     why = (f"even {unknown} {at:.6g} keeps the certified upper {target} at {upper:.6g}: the "
            "target does not constrain it")
   return ValueError(f"the target {what} cannot be met by {unknown} {setting}: {why}")
+
+
+def _gave_up(opts, flat, last, found, failed):
+  """The error after ``_ROUNDS`` rounds: the answer still beyond the windows (a ValueError naming
+  where, and what serves it), or the front door still reading above the target (a bug)."""
+  if last == "window":
+    i = int(np.flatnonzero(failed)[0])
+    x = float(found.value[i])
+    _, setting = _describe(opts, flat, i)
+    constant = [name for name, _ in _constant_time(opts, flat, i, x)]
+    then = (f"calibrate from there with accountant={' or '.join(map(repr, constant))} to locate "
+            "it" if constant else "no constant-time accountant gives a finite bound there")
+    return ValueError(
+        f"calibrating {opts.unknown} by the PLD accountant: after {_ROUNDS} plans the answer "
+        f"still lies beyond {opts.unknown} {x:.6g} (certified upper {opts.target} there "
+        f"{float(found.bounds.upper[i]):.6g}; setting {setting}): the start was far off; {then}")
+  return RuntimeError(f"calibrating {opts.unknown}: the certified upper at the answer stayed above "
+                      f"the target after {_ROUNDS} attempts; please report this setting")
 
 
 def _budget(target, epsilon, delta):
@@ -538,114 +919,85 @@ def _quiet(_):
   """No progress report."""
 
 
+def _traced(opts, flat, plan, shape):
+  """The calibration under a caller's jit/vmap/grad: the start and the search in one program,
+  on the caller's plan (nan where no value meets the target)."""
+  if opts.accountant == "pld" and plan is None:
+    raise ValueError("under jit/vmap/grad the inputs are traced and cannot be used to plan the "
+                     "grid: pass plan=jaxacct.calibrate.make_plan(...) for the targets to serve")
+  run = _compiled("search", *opts.key(True))
+  lo, hi = (jnp.full(flat[1].shape, end) for end in DOMAIN[opts.unknown])
+  # (the start is computed inside)
+  value, (found, *_) = run(*flat, flat[1], plan, lo, hi, _SEARCH)
+  return jnp.reshape(jnp.where(found, value, jnp.nan), shape)
+
+
 @float64
 def _calibrate(unknown, target, accountant, relation, plan, size_cache, epsilon, delta, known,
                eps_error=None, gap=None, progress=None):
-  """The front doors' one body. ``gap``: the most the aim may lie below the target (absolute;
-  ``get_noise_multiplier``'s tolerance); ``progress``: called with a line of text per stage."""
+  """The front doors' one body: rounds of (budgeted search, window moved or front door checked).
+  ``gap``: the most the aim may lie below the target (absolute; ``get_noise_multiplier``'s
+  tolerance); ``progress``: called with a line of text per stage."""
   target_value, other = _budget(target, epsilon, delta)
   _check(unknown, target, accountant, relation, target_value, other, known, eps_error)
-  report = progress or _quiet
-  q = known.get("sampling_rate")
-  full_batch = (q is not None and not is_traced(q) and bool(np.all(np.asarray(q) == 1.0))
-                and not isinstance(relation, GroupSteps))
-  margin = _margin(accountant, target, jnp.asarray(target_value, jnp.float64), eps_error)
-  if gap is not None:
-    margin = jnp.minimum(margin, gap / jnp.asarray(target_value, jnp.float64))
-  shape, flat = _settings(unknown, known, target_value, other, margin)
-  run = _compiled("search", unknown, accountant, target, relation, full_batch, is_traced(flat))
+  opts = _options(unknown, target, accountant, relation, known, eps_error)
+  shape, flat = _settings(unknown, known, target_value, other, _margin(opts, target_value, gap))
   if is_traced(flat):
-    if accountant == "pld" and plan is None:
-      raise ValueError("under jit/vmap/grad the inputs are traced and cannot be used to plan the "
-                       "grid: pass plan=jaxacct.calibrate.make_plan(...) for the targets to serve")
-    value, (found, _, _) = run(*flat, flat[1], plan)  # (the start is computed inside)
-    return jnp.reshape(jnp.where(found, value, jnp.nan), shape)
-  own_plan = accountant == "pld" and plan is None
-  plan_error = _EPS_ERROR if eps_error is None else float(eps_error)
-  if own_plan and size_cache is None:
-    size_cache = _SizeCache()  # (the rounds' plans reuse each other's compiled sizes)
+    return _traced(opts, flat, plan, shape)
+  report, own = progress or _quiet, accountant == "pld" and plan is None
+  cache = (size_cache or _SizeCache()) if own else None  # (rounds reuse compiled sizes)
   report("starting point (saddle-point accountant)")
-  start = _starts(unknown, target, relation, full_batch, flat)
-  x0 = start
-  if own_plan:
-    plan, low, high, big = _own_plan(unknown, target, relation, full_batch, flat,
-                                     start / _SPREAD, start * _SPREAD, start, plan_error,
-                                     size_cache)
-    if big is not None:
-      raise _too_large(unknown, target, relation, full_batch, flat, big, start[big], plan_error)
-  last = None
+  x0, clt = _starts(opts, flat)
+  window, x0 = _first_window(opts, flat, x0, clt, cache) if own else (Window(plan), x0)
+  spent, sizes, last = 0, frozenset(), None
+  last_short = (np.full(x0.shape, np.nan), np.full(x0.shape, np.nan))
   for attempt in range(_ROUNDS):
-    size = f" on a {plan.fft_size:,}-point plan" if own_plan else ""
-    report(f"certified search {attempt + 1}{size}")
-    value, (found, bounds, far_status) = run(*flat, x0, plan)
-    value = np.asarray(value)
-    missed = np.flatnonzero(~np.asarray(found))
-    if missed.size:
-      raise _unreachable(unknown, target, accountant, relation, flat, value, missed[0],
-                         eps_error)
-    failed = own_plan & ((np.asarray(bounds.status) | np.asarray(far_status))
-                         & _SHARED_PLAN_FAILED != 0)
+    evaluations = _SEARCH
+    if own:
+      evaluations, spent, sizes = _allowance(opts, flat, window, spent, sizes)
+    report(f"certified search {attempt + 1}" + (f" on a {window.plan.fft_size:,}-point plan"
+                                                if own else ""))
+    found = _search(opts, flat, x0, window, evaluations)
+    if own:
+      spent = _spent(opts, window, spent, found)
+    failed = _failed_rows(opts, found, window, own)
+    _check_found(opts, flat, found, spent, failed)
     if np.any(failed):
-      # The answer lay at the edge of what the plan served (the start was far off): a window
-      # reaching on past it, from where the answer was seen.
       last = "window"
-      upper_there = np.asarray(bounds.upper)
-      aim = np.asarray(flat[1]) * (1.0 - np.asarray(flat[0]))
-      far_low, far_high, guess = _next_window(unknown, value, upper_there, aim)
-      low, high = np.where(failed, far_low, low), np.where(failed, far_high, high)
-      anchor = np.clip(value, low, high)
-      plan, low, high, big = _own_plan(unknown, target, relation, full_batch, flat, low, high,
-                                       anchor, plan_error, size_cache)
-      x0 = np.where(failed, np.clip(guess, low, high), x0)
-      if unknown == "steps":
-        x0 = np.round(x0)
-      reached = np.where(unknown == "noise_multiplier", value / low, high / value)
-      stuck = np.flatnonzero(failed & (reached < 1.02)) if big is None else [big]
-      if len(stuck):
-        i = stuck[0]
-        x = float(far_low[i] * _SPREAD if unknown == "noise_multiplier" else far_high[i] / _SPREAD)
-        raise _too_large(unknown, target, relation, full_batch, flat, i, x, plan_error,
-                         reached=(float(value[i]), float(upper_there[i])))
+      window, x0, last_short = _moved_window(opts, flat, found, window, failed, x0, cache,
+                                             last_short)
       continue
     last = "over"
     report("checking the answer at the front door")
-    upper = _front_door_upper(unknown, target, accountant, relation, flat, value, eps_error)
-    over = ~(upper <= np.asarray(flat[1]))  # (nan: no bound, over)
-    if not np.any(over):
+    excess = _front_door_excess(opts, flat, found.value)
+    if not np.any(excess > 0.0):
       break
-    # Where the front door's own plan reads a higher upper, aim lower by twice the excess.
-    excess = np.where(over, np.nan_to_num(upper / np.asarray(flat[1]) - 1.0, nan=1e-3,
-                                          posinf=1e-3), 0.0)
-    flat = (flat[0] + 2.0 * excess + np.where(over, _EXACT_MARGIN, 0.0),) + flat[1:]
+    flat = _reaimed(flat, excess)
   else:
-    if last == "window":
-      i = int(np.flatnonzero(failed)[0])
-      raise ValueError(
-          f"calibrating {unknown} by the PLD accountant: after {_ROUNDS} plans the answer still "
-          f"lies beyond {unknown} {value[i]:.6g} (certified upper {target} there "
-          f"{float(upper_there[i]):.6g}; setting {_describe(unknown, target, flat, i)[1]}): the "
-          "start was far off; calibrate from there with accountant='rdp' or 'spa' to locate it")
-    raise RuntimeError(f"calibrating {unknown}: the certified upper at the answer stayed above "
-                       f"the target after {_ROUNDS} attempts; please report this setting")
+    raise _gave_up(opts, flat, last, found, failed)
+  value = found.value
   if unknown == "steps":
     report("the last whole step")
-    value = _last_whole_step(target, accountant, relation, flat, value, eps_error)
+    value = _last_whole_step(opts, flat, value)
   return jnp.reshape(jnp.asarray(value), shape)
 
 
-def _last_whole_step(target, accountant, relation, flat, steps, eps_error=None):
-  """The largest T with the front door's upper <= target, starting from ``steps`` (the search's
-  answer on its own plan): a step or two either way at most."""
-  limit = np.asarray(flat[1])
-  upper = lambda t: _front_door_upper("steps", target, accountant, relation, flat, t, eps_error)
-  for _ in range(8):
-    here = upper(steps) <= limit
-    above = upper(steps + 1) <= limit
-    if np.all(here & ~above):
-      return steps
-    steps = np.where(~here, steps - 1, np.where(above, steps + 1, steps))
-  raise RuntimeError("the front door's upper bound is not monotone in the number of steps near "
-                     f"{steps}: please report this setting")
+def _last_whole_step(opts, flat, steps):
+  """The largest T with the front door's upper <= target, from ``steps`` (the search's answer
+  on its own plan, aimed a margin m below the target, so ~2 m T steps below the last that fits
+  where epsilon grows as sqrt(T)): ``largest_whole`` striding from there by max(1, m T) steps.
+  A batch reads its settings together: ~log2(m T) + 3 front-door calls."""
+  limit, lo, hi = np.asarray(flat[1]), *DOMAIN["steps"]
+  fits = lambda t: _front_door_upper(opts, flat, t) <= limit
+  stride = np.asarray(flat[0]) * np.asarray(steps, np.float64)
+  last = largest_whole(fits, steps, stride, lo, hi)
+  if last is None:
+    raise RuntimeError("the front door's upper bound is not monotone in the number of steps "
+                       f"near {steps}: please report this setting")
+  none = np.flatnonzero(last < lo)
+  if none.size:  # (the front door reads one step above the target)
+    raise _unreachable(opts, flat, np.full(last.shape, lo), int(none[0]))
+  return last
 
 
 _TARGET_DOC = """
@@ -752,13 +1104,10 @@ def make_plan(unknown, epsilon, delta, *, noise_multiplier=None, sampling_rate=N
   target_value, other = _budget(target, epsilon, delta)
   _check(unknown, target, "pld", relation, target_value, other, known, eps_error)
   check_range("spread", spread, 1.0, np.inf)
-  q = known.get("sampling_rate")
-  full_batch = q is not None and bool(np.all(np.asarray(q) == 1.0))
-  margin = _margin("pld", target, jnp.asarray(target_value, jnp.float64), eps_error)
-  _, flat = _settings(unknown, known, target_value, other, margin)
-  centre = _starts(unknown, target, relation, full_batch, flat)
-  return _plan_for(unknown, target, relation, full_batch, flat, centre, spread, size_cache,
-                   eps_error)
+  opts = _options(unknown, target, "pld", relation, known, eps_error)
+  _, flat = _settings(unknown, known, target_value, other, _margin(opts, target_value))
+  centre, _ = _starts(opts, flat)
+  return _plan_for(opts, flat, centre, spread, size_cache)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -776,20 +1125,45 @@ _GDP_REFUSED = (
     "rates, so no noise multiplier from it can be certified; use 'prv' (jaxacct's certified PLD "
     "accountant, the default) or 'rdp'")
 _WHOLE = 1e-12  # a quotient this close (relative) to a whole number is that number (round-off)
+_WHOLE_ULPS = 8.0  # ... or this many epsilons of its least precise input's dtype (float32: 1e-6)
 _OPACUS_KEYWORDS = ("relation", "eps_error", "size_cache", "progress")
+# Opacus's keywords (passed on to its accountants' get_epsilon) that are not taken here, and why.
+_NOT_TAKEN = {
+    "alphas": "jaxacct's RDP optimises the order itself (over continuous orders)",
+    "delta_error": "the PLD calibration's delta slack is fixed (1e-3 of delta); its accuracy is "
+                   "eps_error"}
+
+
+def _whole_tolerance(*values):
+  """The relative round-off of a quotient of ``values``: ``_WHOLE`` for float64 (and Python)
+  numbers, ``_WHOLE_ULPS`` epsilons of a less precise float dtype (Opacus divides float32 rates
+  in float32: 0.3 / float32(0.1) is 3 there, 2.99999996 in float64)."""
+  eps = [np.finfo(np.asarray(v).dtype).eps for v in values
+         if np.issubdtype(np.asarray(v).dtype, np.floating)]
+  return max([_WHOLE] + [_WHOLE_ULPS * float(e) for e in eps])
+
+
+def _single_number(name, value):
+  """Raises ValueError naming ``name`` unless ``value`` is one number (not an array)."""
+  if np.ndim(value):
+    raise ValueError(f"{name} must be a single number: get_noise_multiplier calibrates one "
+                     f"setting (calibrate.noise_multiplier takes arrays); got {value!r}")
 
 
 def steps_from_epochs(epochs, sample_rate) -> int:
   """The number of steps a run of ``epochs`` epochs at Poisson rate ``sample_rate`` takes:
   1 / sample_rate steps an epoch, whole steps only (a last partial step is not taken), a
-  quotient within round-off of a whole number being that number. (Opacus's
-  ``int(epochs / sample_rate)`` loses a step there: 0.29 / 0.01 = 28.999999999999996 gives 28
-  steps, while the run takes 29.)"""
+  quotient within round-off of a whole number being that number (the round-off of the inputs'
+  dtype: ``_whole_tolerance``). (Opacus's ``int(epochs / sample_rate)`` loses a step there:
+  0.29 / 0.01 = 28.999999999999996 gives 28 steps, while the run takes 29.)"""
+  for name, value in (("epochs", epochs), ("sample_rate", sample_rate)):
+    _single_number(name, value)
   check_range("epochs", epochs, 0.0, np.inf)
   check_range("sample_rate", sample_rate, 0.0, 1.0, high_open=False)
-  quotient = float(epochs) / float(sample_rate)
+  quotient = float(epochs) / float(sample_rate)  # (float64, from the inputs' own values)
   nearest = round(quotient)
-  whole = nearest if abs(quotient - nearest) <= _WHOLE * max(1.0, nearest) else int(quotient)
+  tolerance = _whole_tolerance(epochs, sample_rate) * max(1.0, nearest)
+  whole = nearest if abs(quotient - nearest) <= tolerance else int(quotient)
   if whole < 1:
     raise ValueError(f"epochs {epochs!r} at sample_rate {sample_rate!r} is {quotient:.6g} steps: "
                      "less than one whole step")
@@ -811,25 +1185,28 @@ def get_noise_multiplier(*, target_epsilon, target_delta, sample_rate, epochs=No
   default is "rdp"; here the certified PLD, whose sigma is smaller.) As in Opacus, the epsilon
   at the answer is <= ``target_epsilon`` and within ``epsilon_tolerance`` (absolute) of it,
   here for the *certified upper* epsilon; the answer lands much closer (the PLD accountant
-  aims 2e-4 max(1, epsilon) below the target, never further than half the tolerance), and a
-  tolerance it cannot meet is refused. Other keywords: ``relation``, ``eps_error`` (PLD),
-  ``size_cache``, ``progress``, as in ``noise_multiplier``.
+  aims 2e-4 epsilon below the target, never further than half the tolerance), and a tolerance
+  it cannot meet is refused. Other keywords: ``relation``, ``eps_error`` (PLD), ``size_cache``,
+  ``progress``, as in ``noise_multiplier``; Opacus's ``alphas`` and ``delta_error`` are refused
+  with the reason. Every number is one number (one setting).
   """
   if accountant == "gdp":
     raise ValueError(_GDP_REFUSED)
   check_choice("accountant", accountant, tuple(OPACUS_ACCOUNTANTS) + ("gdp",))
   unknown_keywords = sorted(set(kwargs) - set(_OPACUS_KEYWORDS))
   if unknown_keywords:
+    notes = "".join(f"; {name}: {_NOT_TAKEN[name]}" for name in unknown_keywords
+                    if name in _NOT_TAKEN)
     raise ValueError(f"{', '.join(unknown_keywords)}: not taken here (get_noise_multiplier "
-                     f"takes {', '.join(_OPACUS_KEYWORDS)}; jaxacct's RDP optimises the order "
-                     "itself)")
+                     f"takes {', '.join(_OPACUS_KEYWORDS)}{notes})")
   if (steps is None) == (epochs is None):
     raise ValueError("get_noise_multiplier takes either steps or epochs (exactly one)")
+  for name, value in (("target_epsilon", target_epsilon), ("target_delta", target_delta),
+                      ("sample_rate", sample_rate), ("epochs", epochs), ("steps", steps),
+                      ("epsilon_tolerance", epsilon_tolerance)):
+    _single_number(name, value)
   check_range("epsilon_tolerance", epsilon_tolerance, 0.0, np.inf)
   check_range("target_epsilon", target_epsilon, 0.0, np.inf)
-  if np.ndim(target_epsilon) or np.ndim(epsilon_tolerance):
-    raise ValueError("get_noise_multiplier calibrates one setting: give scalars (or use "
-                     "calibrate.noise_multiplier for a batch)")
   if steps is None:
     steps = steps_from_epochs(epochs, sample_rate)
   ours = OPACUS_ACCOUNTANTS[accountant]

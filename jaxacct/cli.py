@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 
@@ -68,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
       cmd.add_argument("--epsilon", type=float, default=1.0, help="target epsilon (default 1)")
     cmd.add_argument("--relation", choices=("add_remove", "replace_one"), default="add_remove",
                      help="neighbouring relation (default add_remove: worse of both directions)")
-    cmd.add_argument("--eps-error", type=float, default=None,
+    cmd.add_argument("--eps-error", type=number, default=None,
                      help="pld accountant only: target half-width of its certified bracket "
                           "(default 0.01; refused by the other accountants)")
     if name != "compare":
@@ -94,22 +93,23 @@ def _parser() -> argparse.ArgumentParser:
   cal.add_argument("--eps-error", type=number, default=None,
                    help="pld accountant only: its accuracy (default 0.01); a larger one serves "
                         "settings whose plans would be too large")
-  _group_arguments(cal)
+  _group_arguments(cal, kind=number)
   cal.add_argument("--json", action="store_true", help="print one JSON object on stdout")
   _demo_arguments(sub)
   return parser
 
 
-def _group_arguments(cmd):
-  """Group-level DP (Ganesh 2024): the options of ``jaxacct.group_epsilon``."""
-  cmd.add_argument("--group-size", type=float, default=None,
+def _group_arguments(cmd, kind=float):
+  """Group-level DP (Ganesh 2024): the options of ``jaxacct.group_epsilon`` (``kind``: the type
+  of their values)."""
+  cmd.add_argument("--group-size", type=kind, default=None,
                    help="account for groups of k examples (add or remove up to k) by the "
                         "mixture-of-Gaussians accountant (default: example level)")
   cmd.add_argument("--sampling", choices=("poisson", "fixed"), default="poisson",
                    help="poisson (rate --sampling-rate, default) or fixed (a batch of "
                         "--batch-size from a dataset of at least --dataset-size examples)")
-  cmd.add_argument("--batch-size", type=float, default=None, help="fixed batch size B")
-  cmd.add_argument("--dataset-size", type=float, default=None,
+  cmd.add_argument("--batch-size", type=kind, default=None, help="fixed batch size B")
+  cmd.add_argument("--dataset-size", type=kind, default=None,
                    help="n: a lower bound on the dataset's size (fixed batch)")
 
 
@@ -174,30 +174,32 @@ def _demo_arguments(sub):
 
 
 _OPTIONS = {"epsilon": "--epsilon", "delta": "--delta", "noise_multiplier": "--noise-multiplier",
-            "sampling_rate": "--sampling-rate", "steps": "--steps", "eps_error": "--eps-error"}
+            "sampling_rate": "--sampling-rate", "steps": "--steps", "eps_error": "--eps-error",
+            "group_size": "--group-size", "batch_size": "--batch-size",
+            "dataset_size": "--dataset-size"}
+_OPTIONAL = ("eps_error", "group_size", "batch_size", "dataset_size")  # (None: not given)
+
+
+def _check_options(args, names, accountant="pld"):
+  """Each option of ``names`` checked as a calibration argument
+  (``jaxacct.calibrate.check_argument``) before anything is computed; a message names the
+  option and the text typed (``--sampling-rate 0: sampling_rate must be ...``)."""
+  from jaxacct.calibrate import check_argument
+  for name in names:
+    value = getattr(args, name)
+    if value is None and name in _OPTIONAL:
+      continue
+    try:
+      check_argument(name, value, accountant=accountant)
+    except ValueError as err:
+      raise ValueError(f"{_OPTIONS[name]} {_typed(value)}: {err}") from None
 
 
 def _check_calibration(args, unknown):
-  """Every number the calibration reads, checked before anything is computed; a message names
-  the option and the text typed (``--sampling-rate 0: sampling_rate must be ...``)."""
-  from jaxacct import _inputs
-  positive = lambda name, high=math.inf, **kw: (
-      lambda v: _inputs.check_range(name, v, 0.0, high, **kw))
-  checks = {"epsilon": positive("epsilon"), "delta": _inputs.check_delta,
-            "noise_multiplier": positive("noise_multiplier"),
-            "sampling_rate": positive("sampling_rate", 1.0, high_open=False),
-            "steps": lambda v: (_inputs.check_range("steps", v, 1.0, math.inf, low_open=False),
-                                _inputs.check_whole("steps", v)),
-            "eps_error": positive("eps_error", 1.0, high_open=False)}
-  for name, check in checks.items():
-    value = getattr(args, name)
-    if name == unknown or (name == "eps_error" and value is None) or (
-        name == "sampling_rate" and args.sampling == "fixed"):
-      continue
-    try:
-      check(value)
-    except ValueError as err:
-      raise ValueError(f"{_OPTIONS[name]} {_typed(value)}: {err}") from None
+  """Every number the calibration reads (not the unknown; no rate for a fixed batch)."""
+  names = [name for name in ("epsilon", "delta", "noise_multiplier", "sampling_rate", "steps")
+           if name != unknown and not (name == "sampling_rate" and args.sampling == "fixed")]
+  _check_options(args, names + list(_OPTIONAL), args.accountant)
 
 
 class _Progress:
@@ -254,7 +256,7 @@ def _calibrate(jaxacct, args) -> int:
                                  accountant=args.accountant, eps_error=_plain(args.eps_error))
   out = {"solve_for": unknown, **setting, "epsilon": float(bounds.upper),
          "target_epsilon": args.epsilon, "delta": args.delta, "relation": args.relation,
-         "accountant": args.accountant}
+         "accountant": args.accountant, "eps_error": _plain(args.eps_error)}
   if args.json:
     print(json.dumps(out))
     return 0
@@ -283,7 +285,8 @@ def _calibrate_group(jaxacct, args, unknown) -> int:
                                  accountant=args.accountant, eps_error=_plain(args.eps_error),
                                  **options)
   out = {"solve_for": unknown, **_group_setting(args), "epsilon": float(bounds.upper),
-         "target_epsilon": args.epsilon, "delta": args.delta, "accountant": args.accountant}
+         "target_epsilon": args.epsilon, "delta": args.delta, "accountant": args.accountant,
+         "eps_error": _plain(args.eps_error)}
   if args.json:
     print(json.dumps(out))
     return 0
@@ -329,7 +332,7 @@ def _query(jaxacct, args, accountant, method=None):
   """The requested quantity by one accountant (raises ValueError on bad input)."""
   common = dict(relation=args.relation, accountant=accountant, method=method)
   if accountant == "pld" or args.command != "compare":
-    common["eps_error"] = args.eps_error  # (compare: the pld rows only)
+    common["eps_error"] = _plain(args.eps_error)  # (compare: the pld rows only)
   if args.command != "compare" and _is_group(args):
     if args.relation != "add_remove":
       raise ValueError("group-level DP is accounted for add/remove of up to k examples only "
@@ -358,11 +361,8 @@ def _shown(value):
 def _compare(jaxacct, args, setting):
   """Every available accountant on one setting: a table (or a JSON object with a list). The
   inputs are checked first (bad input exits 2 like the other commands)."""
-  from jaxacct import _inputs
   jaxacct.dpsgd_composition(args.noise_multiplier, args.sampling_rate, args.steps, args.relation)
-  _inputs.check_delta(args.delta)
-  if args.eps_error is not None:
-    _inputs.check_range("eps_error", args.eps_error, 0.0, 1.0, high_open=False)
+  _check_options(args, ("delta", "eps_error"))
   rows = []
   for accountant, (_, methods) in jaxacct.api.ACCOUNTANTS.items():
     for method in methods:

@@ -151,13 +151,17 @@ class MixtureOfGaussians(PrivacyLoss):
   def loss_range(self, log_tail, add=False):
     xp = self._xp(log_tail, add)
     z = xp.sqrt(-2.0 * log_tail)
-    # The mixture's mass above u is <= sum_i p_i e^{-(u - mu_i)^2 / 2}: above mu_i + z_i with
-    # p_i e^{-z_i^2 / 2} = tail / K for each atom, it is <= tail. A rare atom (a large group's
-    # top sensitivity) thus needs no z of its own, which keeps the grid short.
+    # The mixture's mass above u is <= sum_i p_i min(1, e^{-(u - mu_i)^2 / 2}) (u >= mu_i): above
+    # mu_i + z_i with p_i e^{-z_i^2 / 2} = tail / K for each atom of p_i K > tail, at most
+    # tail / K from each of those and at most p_i <= tail / K from each rare atom (p_i K <= tail)
+    # wherever u lies: <= tail in all. So a rare atom (a large group's top sensitivities: at
+    # k = 50, q = 0.01 those above ~14) leaves the range altogether, which keeps the grid short.
+    # (Only the grid's placement reads this: the mass above it goes to +inf, pessimistic.)
     log_p = self._log_p(xp)
     atoms = log_p.shape[-1]
-    z_atom = xp.sqrt(2.0 * xp.maximum(log_p + np.log(atoms) - log_tail, 0.0))
-    top = xp.max(xp.where(xp.isfinite(log_p), self._mus(xp) + z_atom, 0.0))
+    excess = log_p + np.log(atoms) - log_tail  # (-inf for an atom of no mass)
+    z_atom = xp.sqrt(2.0 * xp.maximum(excess, 0.0))
+    top = xp.max(xp.where(excess > 0.0, self._mus(xp) + z_atom, 0.0))
     low, high = (self._loss_and_slope(xp.asarray(v), xp)[0] for v in (-z, xp.maximum(top, z)))
     return xp.where(add, -high, low), xp.where(add, -low, high)
 

@@ -25,6 +25,8 @@ def gaussian_epsilon(delta, mu):
     return 0.0
   f = lambda e: math.log(gaussian_delta(e, mu)) - math.log(delta)
   hi = 1.0
+  while gaussian_delta(hi, mu) == 0.0:  # (a tiny mu: delta underflows far below epsilon 1)
+    hi /= 2.0
   while f(hi) > 0:
     hi *= 2
   return optimize.brentq(f, 0.0, hi, xtol=1e-14, rtol=1e-15)

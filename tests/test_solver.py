@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from jaxacct import _solver
-from jaxacct._solver import (bisect, bracket_search, implicit_root, newton_in_bracket,
-                             root_in_bracket)
+from jaxacct._solver import (bisect, bracket_search, furthest_holding, implicit_root,
+                             largest_whole, newton_in_bracket, root_in_bracket)
 
 
 @pytest.fixture(autouse=True)
@@ -222,3 +222,26 @@ def test_no_other_newton_loop_in_the_package():
   offenders = [str(path.relative_to(package)) for path in package.rglob("*.py")
                if path.name != "_solver.py" and pattern.search(path.read_text())]
   assert offenders == []
+
+
+def test_host_searches_find_where_a_predicate_stops_holding():
+  """``furthest_holding`` keeps its bracket (arithmetic and geometric halvings);
+  ``largest_whole`` finds each element's last whole number from starts on either side, far
+  away (strides double), at the domain's ends, and where nothing fits."""
+  edge = 0.3
+  x = furthest_holding(lambda v: v <= edge, 0.0, 1.0, steps=20)
+  assert x <= edge < x + 2.0 ** -20
+  x = furthest_holding(lambda v: v <= 7.0, 1.0, 100.0, steps=30, geometric=True)
+  assert x <= 7.0 < x * 100.0 ** (2.0 ** -30) + 1e-12
+  threshold = np.array([5.0, 123456.0, 1.0, 1e7, 0.0, 40.0])
+  start = np.array([5.0, 3.0, 900.0, 2.0, 10.0, 1e6])
+  reads = []
+
+  def fits(t):
+    reads.append(t)
+    return t <= threshold
+
+  last = largest_whole(fits, start, 1.0, 1.0, 1e7)
+  np.testing.assert_array_equal(last, [5.0, 123456.0, 1.0, 1e7, 0.0, 40.0])
+  assert len(reads) < 60  # (galloping: ~2 log2 of the distance, not one read per step)
+  assert largest_whole(lambda t: t <= 1e6, np.array([1.0]), 1.0, 1.0, 1e7, reads=5) is None

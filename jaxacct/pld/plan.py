@@ -80,6 +80,18 @@ class SizeCache:
     return min(reusable, key=lambda t: (t[1], t[0], t[2], t[3])) if reusable else None
 
 
+def plan_points(plan: Plan, atoms: int = 2) -> int:
+  """The work of one certified value on ``plan``, in grid points (~0.05 us each on one busy CPU
+  core): the FFT; the per-step grid, whose loss CDFs cost about two points per atom of the loss
+  model (``atoms``: 2 for DP-SGD's subsampled Gaussian, k + 1 against groups of k); and the low
+  band's direct sums, one per frequency and block of the per-step grid
+  (``spectrum.low_log_spectrum``: for a step whose loss is narrow against its range, e.g. a small
+  sampling rate, these dominate, and a coarser grid does not shrink them). Calibration bounds
+  it (``jaxacct.calibrate.MAX_PLAN_POINTS``), and group sweeps are cut by it."""
+  per_step, fft, low, block, _ = plan.sizes
+  return int(fft) + 2 * int(atoms) * int(per_step) + int(low) * -(-int(per_step) // int(block))
+
+
 def _ladder(n: int, minimum: int = 64) -> int:
   """Rounds n up to 2^k x {16, 18, 20, 24, 27, 30, 32} / 16: sizes <= 12.5% apart whose only
   prime factors are 2, 3 and 5 (fast FFTs), few enough that compiled programs get reused."""
