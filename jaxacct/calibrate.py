@@ -170,10 +170,10 @@ def _core(unknown, accountant, target_kind, relation, full_batch, field, step, m
           other, sigma, q, steps, start, plan, iters=_SEARCH, bounds=None):
   """The calibrated value of one setting (implicit gradients) and (whether the search found a
   sign change, the bounds at the value, the status at the other end of the final bracket, that
-  end, the values it read). The search reads ``field`` of the accountant's bounds ("upper"; "estimate" for a
-  starting value), grows its bracket from ``start`` by steps of ``step`` in log x, doubling,
-  and reads at most ``iters`` values (may be traced: one program serves every budget), within
-  ``bounds`` (low, high: the values a plan serves; default the unknown's ``DOMAIN``)."""
+  end, the values it read). The search reads ``field`` of the accountant's bounds ("upper";
+  "estimate" for a starting value), grows its bracket from ``start`` by steps of ``step`` in log
+  x, doubling, and reads at most ``iters`` values (may be traced: one program serves every
+  budget), within ``bounds`` (low, high: the values a plan serves; default ``DOMAIN``)."""
   single = _single(accountant, target_kind)
   aim = jnp.log(target) + jnp.log1p(-margin)
   whole_steps = accountant == "pld" and unknown != "steps"

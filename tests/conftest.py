@@ -1,7 +1,9 @@
 """Shared helpers for the test suite. Reference libraries are test-only dependencies."""
 
+import csv
 import math
 import os
+import pathlib
 
 import numpy as np
 import pytest
@@ -101,3 +103,22 @@ def epsilon_of(delta_fn, delta, high):
     return 0.0
   f = lambda e: math.log(max(delta_fn(e), 1e-300)) - math.log(delta)
   return optimize.brentq(f, 0.0, high, xtol=1e-13, rtol=1e-15)
+
+
+# The promise of the UNRELIABLE bit (README, "Accuracy"; results.STATUS_TEXT): an estimate
+# without it is within FLAG_PROMISE x max(1, eps) of the truth, measured by
+# benchmarks/flag_sweep.py (600 random DP-SGD settings against the certified PLD accountant).
+# Tests read the PLD's estimate at eps_error 1e-3 as the truth, within ~1e-5 x max(1, eps) of
+# it: REFERENCE_SLACK allows for that.
+FLAG_PROMISE = 2.5e-4
+REFERENCE_SLACK = 2e-5
+FLAG_SWEEP = pathlib.Path(__file__).parent.parent / "benchmarks" / "data" / "flag_sweep.csv"
+
+
+def flag_sweep_rows(count, seed):
+  """``count`` rows of the flag sweep's stored PLD references (q < 1), drawn at random."""
+  with open(FLAG_SWEEP, newline="") as f:
+    rows = [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
+  rows = [row for row in rows if row["q"] < 1.0 and row["status"] == 0]
+  pick = np.random.default_rng(seed).choice(len(rows), count, replace=False)
+  return [rows[i] for i in sorted(pick)]

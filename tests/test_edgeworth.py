@@ -10,7 +10,6 @@ tests/edgeworth_reference.py tables`` prints every AEA, cumulant and moment tabl
 without ``tables`` the gradients); dp-accounting's PLD accountant; the stored dp-accounting /
 prv-accountant references (tests/data/references.json)."""
 
-import csv
 import json
 import math
 import pathlib
@@ -25,6 +24,7 @@ from jaxacct import cgf, edgeworth, models, results
 from jaxacct.composition import Composition
 
 from conftest import gaussian_delta, gaussian_epsilon, pure_dp_delta
+from conftest import FLAG_PROMISE, REFERENCE_SLACK, flag_sweep_rows
 from conftest import subsampled_gaussian as _sgd
 
 REFERENCES = pathlib.Path(__file__).parent / "data" / "references.json"
@@ -284,27 +284,14 @@ def test_stored_references_bounds_and_reliable_estimates():
   assert finite_lowers >= 28
 
 
-# The promise of the UNRELIABLE bit (README, "Accuracy"; results.STATUS_TEXT): an estimate
-# without it is within PROMISE x max(1, eps) of the truth. benchmarks/flag_sweep.py measured at
+# The UNRELIABLE bit's promise (conftest.FLAG_PROMISE): benchmarks/flag_sweep.py measured at
 # most 1.85e-4 for the Edgeworth orders (2.05e-4 over every approximation) on 600 random DP-SGD
 # settings against the certified PLD accountant. The reference here is the PLD's estimate at
 # eps_error 1e-3, within ~1e-5 x max(1, eps) of the truth: REFERENCE_SLACK allows for that.
-PROMISE = 2.5e-4
-REFERENCE_SLACK = 2e-5
-SWEEP = pathlib.Path(__file__).parent.parent / "benchmarks" / "data" / "flag_sweep.csv"
 # Issue 29 (b): q = 0.01, T = 1000, delta = 1e-5, sigma 3.05 and 4, where order 1 is 0.73 % and
 # 0.38 % high without the UNRELIABLE bit.
 ISSUE_29B = [(3.05, 0.01, 1000, 1e-5), (4.0, 0.01, 1000, 1e-5)]
 RANDOM_ROWS = 62  # with issue 29's two settings, one compiled block of 64 per method
-
-
-def _sweep_rows(count, seed):
-  """``count`` rows of the flag sweep's stored PLD references (q < 1), drawn at random."""
-  with open(SWEEP, newline="") as f:
-    rows = [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
-  rows = [row for row in rows if row["q"] < 1.0 and row["status"] == 0]
-  pick = np.random.default_rng(seed).choice(len(rows), count, replace=False)
-  return [rows[i] for i in sorted(pick)]
 
 
 @pytest.fixture(scope="module")
@@ -315,7 +302,7 @@ def promise_batch():
   with jax.enable_x64(True):
     live = jaxacct.dpsgd_epsilon(*(np.array(c) for c in zip(*ISSUE_29B)), eps_error=1e-3)
   assert np.all(np.asarray(live.status) == 0)
-  stored = _sweep_rows(RANDOM_ROWS, 29)
+  stored = flag_sweep_rows(RANDOM_ROWS, 29)
   settings = ISSUE_29B + [(r["sigma"], r["q"], r["steps"], r["delta"]) for r in stored]
   reference = [np.concatenate([np.asarray(getattr(live, k)), [r[k] for r in stored]])
                for k in ("lower", "estimate", "upper")]
@@ -329,7 +316,7 @@ def _kept_promise(out, reference, i):
   """True when estimate i is flagged UNRELIABLE or within the promise of the truth."""
   truth = reference[1][i]
   error = abs(out.estimate[i] - truth) / max(1.0, truth)
-  return bool(out.status[i] & results.UNRELIABLE) or error <= PROMISE + REFERENCE_SLACK
+  return bool(out.status[i] & results.UNRELIABLE) or error <= FLAG_PROMISE + REFERENCE_SLACK
 
 
 def test_issue_29b_each_order_is_flagged_by_its_own_next_term(promise_batch):

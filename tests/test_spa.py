@@ -9,9 +9,7 @@ tests/spa_reference.py`` prints every CGF, SP-CLT, SP-MSD, error-bound and epsil
 below); truths by the integral representation of delta (eq. (37)) and the authors' published
 Truth values; the PLD accountant."""
 
-import csv
 import math
-import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +23,7 @@ from jaxacct import cgf, models, results, spa
 from jaxacct.composition import Composition
 
 from conftest import gaussian_delta
+from conftest import FLAG_PROMISE, REFERENCE_SLACK, flag_sweep_rows
 from conftest import subsampled_gaussian as _sgd
 
 
@@ -250,15 +249,11 @@ def test_certified_bounds_bracket_the_pld_accountant(q, sigma, steps, delta):
   assert abs(float(ours.estimate) - float(ref.estimate)) <= tolerance
 
 
-# The promise of the UNRELIABLE bit (README, "Accuracy"; results.STATUS_TEXT): an estimate
-# without it is within PROMISE x max(1, eps) of the truth. benchmarks/flag_sweep.py measured at
+# The UNRELIABLE bit's promise (conftest.FLAG_PROMISE): benchmarks/flag_sweep.py measured at
 # most 2.05e-4 (SP-MSD0) on 600 random DP-SGD settings (sigma 0.5..10, q 1e-4..1, T 1..1e5,
 # delta 1e-10..1e-3) against the certified PLD accountant. The reference here is the PLD's
 # estimate at eps_error 1e-3, within ~1e-5 x max(1, eps) of the truth (README: its upper, 7.3e-5
 # at the default 1e-2 plan): REFERENCE_SLACK allows for that.
-PROMISE = 2.5e-4
-REFERENCE_SLACK = 2e-5
-SWEEP = pathlib.Path(__file__).parent.parent / "benchmarks" / "data" / "flag_sweep.csv"
 # Issue 29's settings (sigma, q, T; delta 1e-5): (a) SP-CLT and SP-MSD0 1.2e-3 and 1.3e-3 low,
 # unflagged; (c) T = 10 and 32, where the lower bound is vacuous; (d) sigma 1.35, where SP-MSD1
 # is 3.7 % high (SP-CLT 0.36 % low), and sigma 1.5, where SP-MSD1 is 5.6e-4 high (unflagged,
@@ -266,15 +261,6 @@ SWEEP = pathlib.Path(__file__).parent.parent / "benchmarks" / "data" / "flag_swe
 ISSUE_29 = {"a": (1.0, 0.0187, 1000), "d": (1.35, 0.01, 1000), "d, sigma 1.5": (1.5, 0.01, 1000),
             "c, T 10": (1.0, 0.01, 10), "c, T 32": (1.0, 0.01, 32)}
 RANDOM_ROWS = 59  # with issue 29's five settings, one compiled block of 64 per method
-
-
-def _sweep_rows(count, seed):
-  """``count`` rows of the flag sweep's stored PLD references (q < 1), drawn at random."""
-  with open(SWEEP, newline="") as f:
-    rows = [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
-  rows = [row for row in rows if row["q"] < 1.0 and row["status"] == 0]
-  pick = np.random.default_rng(seed).choice(len(rows), count, replace=False)
-  return [rows[i] for i in sorted(pick)]
 
 
 @pytest.fixture(scope="module")
@@ -286,7 +272,7 @@ def promise_batch():
   with jax.enable_x64(True):
     live = jaxacct.dpsgd_epsilon(*(np.array(c) for c in zip(*issue)), eps_error=1e-3)
   assert np.all(np.asarray(live.status) == 0)
-  stored = _sweep_rows(RANDOM_ROWS, 29)
+  stored = flag_sweep_rows(RANDOM_ROWS, 29)
   settings = issue + [(r["sigma"], r["q"], r["steps"], r["delta"]) for r in stored]
   reference = [np.concatenate([np.asarray(getattr(live, k)), [r[k] for r in stored]])
                for k in ("lower", "estimate", "upper")]
@@ -301,7 +287,7 @@ def _kept_promise(out, reference, i):
   """True when estimate i is flagged UNRELIABLE or within the promise of the truth."""
   truth = reference[1][i]
   error = abs(out.estimate[i] - truth) / max(1.0, truth)
-  return bool(out.status[i] & results.UNRELIABLE) or error <= PROMISE + REFERENCE_SLACK
+  return bool(out.status[i] & results.UNRELIABLE) or error <= FLAG_PROMISE + REFERENCE_SLACK
 
 
 def test_issue_29a_unflagged_estimates_keep_the_promise(promise_batch):

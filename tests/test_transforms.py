@@ -60,8 +60,7 @@ def _estimate(plan, sigma, rate, steps=300, delta=1e-6):
   return jaxacct.dpsgd_epsilon(sigma, rate, steps, delta, plan=plan).estimate
 
 
-@pytest.mark.parametrize("sigma, rate", [(0.93, 0.0137), (1.3711, 0.02), (2.05, 0.00731),
-                                         (1.1, 0.0191), (2.71, 0.0155), (1.618, 0.01)])
+@pytest.mark.parametrize("sigma, rate", [(0.93, 0.0137), (1.3711, 0.02), (2.71, 0.0155)])
 def test_grad_matches_central_differences(plan, sigma, rate):
   # Central differences with step 1e-5 relative. The estimate has a round-off noise floor of
   # ~1e-9 that, at isolated points, moves one such difference by ~2e-4 relative; the median of the
@@ -169,7 +168,7 @@ def test_differentiating_a_step_count_raises_not_zero(plan):
   with pytest.raises(ValueError, match="whole steps"):
     jax.grad(f, argnums=1)(1.3, 300.0)
   g_traced_count = jax.jit(jax.grad(f, argnums=0))(1.3, 300.0)
-  g = jax.grad(lambda s: f(s, 300))(1.3)
+  g = jax.jit(jax.grad(lambda s: f(s, 300)))(1.3)  # (a concrete count; compiled: op by op 20 s)
   assert float(g_traced_count) == pytest.approx(float(g), rel=1e-12) and float(g) < 0.0
   # The CGF accountants take real counts: there d eps / d T exists (and is positive).
   comp = lambda t: jaxacct.Composition.of((jaxacct.PoissonSampled(jaxacct.Gaussian(1.3), 0.02), t))
