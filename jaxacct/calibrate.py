@@ -31,12 +31,14 @@ and remade when the answer lies at the window's edge: the next window reaches pa
 towards larger epsilon as far as the certified upper there says the target may lie (epsilon
 falls at least as fast as 1 / sigma, 1 / q and 1 / sqrt(T)), never around the old one (a
 window of a wide range of sigma takes the finest grid of its largest sigma and the loss range
-of its smallest: the plan would grow without bound). Each plan's size is estimated on the host
-before anything is computed: a window whose plan exceeds ``MAX_PLAN_POINTS`` is narrowed
-towards where the answer may lie furthest, and where even one value needs more (at the start
-and at the central-limit guess), the calibration is refused with the reason and what is
-reachable (a coarser ``eps_error``, and those of the constant-time "rdp" and "spa" accountants
-that give a finite bound there).
+of its smallest: the plan would grow without bound). Each search reads only the values its
+plan serves; where every one of them reads above the target, the next window lies past the
+window's other edge, as far as the slope of log epsilon measured there says. Each plan's size
+is estimated on the host before anything is computed: a window whose plan exceeds
+``MAX_PLAN_POINTS`` is narrowed towards where the answer may lie furthest, and where even one
+value needs more (at the start and at the central-limit guess), the calibration is refused
+with the reason and what is reachable (a coarser ``eps_error``, and those of the constant-time
+"rdp" and "spa" accountants that give a finite bound there).
 
 Time. The searches of one setting read at most ``MAX_WORK_POINTS`` grid points in all (each
 round charged its plan's points times the values it read, and a compilation; a round may read
