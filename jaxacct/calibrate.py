@@ -564,7 +564,8 @@ def _next_window(unknown, value, upper, aim):
   the other as far as the target may lie by the slope ``_ELASTICITY`` from the certified
   ``upper`` read at ``value`` (at least ``_REACH``, at most 100x; then ``_SPREAD`` room). The
   search starts at that furthest point (the answer's estimate where epsilon falls no faster)."""
-  ratio = np.where(np.isfinite(upper) & (upper > 0.0) & (upper < aim), aim / upper, 1.0)
+  with np.errstate(divide="ignore"):  # (an upper of 0: no slope read, the least reach)
+    ratio = np.where(np.isfinite(upper) & (upper > 0.0) & (upper < aim), aim / upper, 1.0)
   reach = np.clip(ratio ** (1.0 / _ELASTICITY[unknown]), _REACH, 100.0)
   if unknown == "noise_multiplier":  # (larger epsilon: smaller sigma)
     return value / (reach * _SPREAD), value * _NEAR, value / reach
