@@ -173,10 +173,6 @@ def _demo_arguments(sub):
                     help="print the summary as one JSON object on stdout (no progress bar)")
 
 
-_OPTIONS = {"epsilon": "--epsilon", "delta": "--delta", "noise_multiplier": "--noise-multiplier",
-            "sampling_rate": "--sampling-rate", "steps": "--steps", "eps_error": "--eps-error",
-            "group_size": "--group-size", "batch_size": "--batch-size",
-            "dataset_size": "--dataset-size"}
 _OPTIONAL = ("eps_error", "group_size", "batch_size", "dataset_size")  # (None: not given)
 
 
@@ -192,7 +188,7 @@ def _check_options(args, names, accountant="pld"):
     try:
       check_argument(name, value, accountant=accountant)
     except ValueError as err:
-      raise ValueError(f"{_OPTIONS[name]} {_typed(value)}: {err}") from None
+      raise ValueError(f"--{name.replace('_', '-')} {_typed(value)}: {err}") from None
 
 
 def _check_calibration(args, unknown):
