@@ -2,6 +2,8 @@
 
 * ``float64``: a decorator that runs a public function under a scoped ``jax.enable_x64`` so that
   accounting is float64 without touching the process-wide flag.
+* ``accounting_device``: the scope host-side accounting runs in (the CPU backend by default);
+  ``host_values``: arrays fetched whole to the host, across processes too.
 * small stable special functions used by the models and the PLD accountant.
 """
 
@@ -79,6 +81,27 @@ def float64(fn):
       return fn(*args, **kwargs)
 
   return wrapper
+
+
+def accounting_device(device=None):
+  """A scope whose default device is ``device`` (default: the first CPU device).
+
+  Host-side accounting (budgets, reports, calibration) is float64 with complex128 FFTs: on a
+  TPU there is no complex128 FFT, and on a GPU float64 is slow and competes with training for
+  memory, so it runs on the CPU backend unless a device is asked for."""
+  return jax.default_device(jax.local_devices(backend="cpu")[0] if device is None else device)
+
+
+def host_values(tree):
+  """``tree``'s arrays as numpy arrays, whole: an array split across processes is gathered, so
+  every process holds (and reports) the same values."""
+  from jax.experimental import multihost_utils
+
+  def whole(x):
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+      return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
+  return jax.tree_util.tree_map(whole, tree)
 
 
 def scoped_gradients(fn, nondiff_argnums=()):

@@ -165,9 +165,10 @@ def test_unclippable_gradients_are_left_out():
            "b": jnp.asarray([[0.5], [1.0], [0.0], [1.0]])}
   norms = gradients.global_norms(grads)
   summed = gradients.clipped_sum(grads, norms, jnp.ones(4), 1.0)
-  first = np.array([1.0, 2.0, 0.5]) * min(1.0, 1.0 / math.sqrt(5.25))
+  first = np.array([1.0, 2.0, 0.5]) * min(1.0, 1.0 / math.sqrt(5.25)) * (
+      1 - gradients.clip_margin())
   np.testing.assert_allclose(np.concatenate([np.asarray(summed["a"]), np.asarray(summed["b"])]),
-                             first, rtol=1e-5)
+                             first, rtol=2e-6)
   clipped = gradients.clipped_sum(grads, norms, jnp.asarray([0, 0, 1.0, 0]), 1.0)
   assert np.linalg.norm(np.concatenate([np.asarray(v) for v in clipped.values()])) <= 1.0
 
@@ -525,6 +526,12 @@ def test_readme_training_example_runs():
   assert float(report.epsilon.upper) == float(jaxacct.dpsgd_epsilon(1.0, 0.05, 300, 1e-5).upper)
   logits = data["x"] @ np.asarray(state.params["w"]) + np.asarray(state.params["b"])
   assert np.mean(np.argmax(logits, axis=1) == data["y"]) > 0.85
+  # The mesh example (a mesh of this process's one device) and the host-fed loop after it.
+  for title in ("### On several devices", "### Data that lives on the host"):
+    block = re.search(r"```python\n(.*?)```", text[text.index(title):], re.S).group(1)
+    exec(compile(block, "README.md", "exec"), namespace)  # noqa: S102
+  assert int(namespace["state"].ledger.steps) == 4
+  assert namespace["trainer"].sample(namespace["state"]).indices.shape == (2001,)
 
 
 def test_private_aggregate_keeps_its_weights_inside_a_chain():
@@ -543,7 +550,7 @@ def test_private_aggregate_keeps_its_weights_inside_a_chain():
   out, _ = chain.update(nan_row, state, weights=weights)
   np.testing.assert_allclose(np.asarray(out["w"]), [-1.0, -1.0], atol=1e-5)
   out, _ = chain.update(grads, state)  # no weights: every row, each clipped to 1
-  np.testing.assert_allclose(np.asarray(out["w"]), [-2.0, -1.0], atol=1e-5)
+  np.testing.assert_allclose(np.asarray(out["w"]), [-2.0, -1.0], rtol=2e-5)
 
 
 @pytest.mark.parametrize("changes", [dict(), dict(sampler="full", accountant="gdp_filter"),
@@ -571,7 +578,7 @@ def test_dp_gd_bucket_counter_counts_each_example_once_per_step_at_its_norm():
   config = _config(sampler="full", accountant="bucket_counter", steps=3)
   trainer, step = _trainer(config)
   state = trainer.init(_params(), jax.random.PRNGKey(7), _data())
-  counter = training.step.individual_accountant(config)
+  counter = training.accounting.individual_accountant(config)
   reference = counter.init()
   for _ in range(3):
     _, grads = gradients.per_example_gradients(_loss, state.params, _data())
@@ -587,7 +594,7 @@ def test_dp_gd_bucket_counter_counts_each_example_once_per_step_at_its_norm():
 def test_gdp_filter_guarantee_stays_at_or_below_its_target(target):
   config = _config(sampler="full", accountant="gdp_filter", steps=4, noise_multiplier=20.0,
                    target_epsilon=target)
-  guarantee = training.step.individual_accountant(config).guarantee(config.delta)
+  guarantee = training.accounting.individual_accountant(config).guarantee(config.delta)
   assert target * (1 - 1e-9) <= guarantee <= target
 
 

@@ -35,7 +35,7 @@ import numpy as np
 
 from jaxacct import gdp, rdp
 from jaxacct._inputs import check_delta
-from jaxacct._numerics import F64_EPS, float64
+from jaxacct._numerics import F64_EPS, float64, host_values
 from jaxacct._solver import newton_in_bracket
 from jaxacct.api import _dpsgd_model
 from jaxacct.composition import Composition
@@ -170,10 +170,12 @@ def bucket_counter(noise_multiplier, clip_norm, sampling_rate, num_examples, *, 
           True, mode="drop")
     return BucketState(counts, state.steps + 1, repeated)
 
-  def report(state, delta, *, tail_delta=None, eps_error=0.01, chunk=256):
-    return per_example_privacy(np.asarray(state.counts), int(state.steps), grid, q, delta,
-                               tail_delta=tail_delta, eps_error=eps_error, chunk=chunk,
-                               repeated=np.asarray(state.repeated))
+  def report(state, delta, *, tail_delta=None, eps_error=0.01, chunk=256, devices=None,
+             mesh=None):
+    counts, steps, repeated = host_values((state.counts, state.steps, state.repeated))
+    return per_example_privacy(counts, int(steps), grid, q, delta, tail_delta=tail_delta,
+                               eps_error=eps_error, chunk=chunk, repeated=repeated,
+                               devices=devices, mesh=mesh)
 
   def odometer(state, delta):
     """Each example's epsilon so far by RDP at ``DEFAULT_ORDERS`` (steps it was not listed at the
@@ -352,15 +354,32 @@ def checked_counts(counts, steps, grid_size):
 
 @float64
 def per_example_privacy(counts, steps, sigma_grid, sampling_rate, delta, *, tail_delta=None,
-                        eps_error=0.01, chunk=256, devices=None, repeated=None) -> PerExample:
+                        eps_error=0.01, chunk=256, devices=None, repeated=None,
+                        mesh=None) -> PerExample:
   """The per-example report from bucket counts ([N, grid] ints), the steps taken, the grid and
   the sampling rate (q < 1: steps an example was not listed count at the grid's first noise).
   ``repeated`` ([N] bool, the counter's): examples without a guarantee, reported +inf.
 
   Examples are composed ``chunk`` at a time (memory ~ chunk, not N), each chunk split across
-  ``devices`` (default: all local devices; on CPU, several with
-  ``XLA_FLAGS=--xla_force_host_platform_device_count=K`` set before jax is imported)."""
-  devices = tuple(jax.local_devices() if devices is None else devices)
+  ``devices`` (default: this process's CPU devices, several with
+  ``XLA_FLAGS=--xla_force_host_platform_device_count=K`` set before jax is imported; pass
+  accelerators to run it there); the plans are computed on the first of them this process
+  holds. ``mesh``: a ``jax.sharding.Mesh`` whose devices split every chunk instead, across
+  processes too (with ``jax.distributed``: every process calls it with the same counts and gets
+  the whole report)."""
+  if mesh is not None:
+    devices = tuple(mesh.devices.flat)
+  devices = tuple(jax.local_devices(backend="cpu") if devices is None else devices)
+  own = [d for d in devices if d.process_index == jax.process_index()]
+  if not own:
+    raise ValueError("none of the devices belongs to this process")
+  with jax.default_device(own[0]):
+    return _per_example_privacy(counts, steps, sigma_grid, sampling_rate, delta, tail_delta,
+                                eps_error, chunk, devices, repeated)
+
+
+def _per_example_privacy(counts, steps, sigma_grid, sampling_rate, delta, tail_delta, eps_error,
+                         chunk, devices, repeated):
   grid = np.asarray(sigma_grid, np.float64)
   counts = checked_counts(counts, steps, grid.size)
   q = float(sampling_rate)
@@ -396,7 +415,7 @@ def per_example_privacy(counts, steps, sigma_grid, sampling_rate, delta, *, tail
       padded = np.zeros((size, rows.shape[1]), np.int64)
       padded[:rows.shape[0]] = rows
       block = jax.device_put(padded.astype(np.float64), split)
-      out = jax.device_get(run(band_terms, block, band_plan, *fixed))
+      out = host_values(run(band_terms, block, band_plan, *fixed))
       outs.append(jax.tree_util.tree_map(lambda a: a[:rows.shape[0]], out))
     order.append(members)
   del terms

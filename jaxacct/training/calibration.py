@@ -17,9 +17,10 @@ import numpy as np
 
 from jaxacct import calibrate as _calibrate
 from jaxacct._inputs import check_range
+from jaxacct._numerics import accounting_device
 from jaxacct.individual import DEFAULT_ORDERS, rdp_epsilon
 from jaxacct.training.sampling import DPConfig
-from jaxacct.training.step import planned_epsilon
+from jaxacct.training.accounting import planned_epsilon
 
 # The answer's planned epsilon lies in [(1 - _CLOSE) target, target].
 _CLOSE = 5e-3
@@ -40,9 +41,9 @@ def _with_sigma(config, sigma, target):
   return dataclasses.replace(config, noise_multiplier=sigma, target_epsilon=target)
 
 
-def _log_excess(config, sigma, target):
+def _log_excess(config, sigma, target, device=None):
   """log(planned / target) at ``sigma``: > 0 above the target; decreasing in sigma."""
-  return math.log(planned_epsilon(_with_sigma(config, sigma, target)) / target)
+  return math.log(planned_epsilon(_with_sigma(config, sigma, target), device) / target)
 
 
 def _bracket(excess, sigma, value):
@@ -102,10 +103,11 @@ def _check_above_rdp_floor(target, delta):
                      f"or the bucket counter, or a larger target)")
 
 
-def calibrate(config: DPConfig, target_epsilon) -> DPConfig:
+def calibrate(config: DPConfig, target_epsilon, device=None) -> DPConfig:
   """``config`` with the noise multiplier at which the run certifies ``target_epsilon`` at its
   ``delta`` (and ``target_epsilon`` set, so the trainer checks it): the run's
-  ``planned_epsilon`` at the answer is <= the target and >= 0.995 times it.
+  ``planned_epsilon`` at the answer is <= the target and >= 0.995 times it. Computed on
+  ``device`` (default the CPU backend).
 
   ValueError on a target that no noise multiplier in jaxacct.calibrate's range reaches."""
   if not isinstance(config, DPConfig):
@@ -114,8 +116,9 @@ def calibrate(config: DPConfig, target_epsilon) -> DPConfig:
   target = float(target_epsilon)
   if config.accountant == "rdp_filter":
     _check_above_rdp_floor(target, config.delta)
-  excess = lambda sigma: _log_excess(config, sigma, target)
-  return _with_sigma(config, _smallest_sigma(excess, _start(config, target)), target)
+  with accounting_device(device):
+    excess = lambda sigma: _log_excess(config, sigma, target, device)
+    return _with_sigma(config, _smallest_sigma(excess, _start(config, target)), target)
 
 
 __all__ = ["calibrate"]

@@ -22,7 +22,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxacct.training.step import TrainState, config_differences, individual_accountant
+from jaxacct.training.accounting import individual_accountant
+from jaxacct.training.step import TrainState, config_differences
 
 # The version of what a checkpoint holds and how its ledger reads; a checkpoint of another
 # version is refused. 2: the ledger's description (accountant spec, array dtypes) is saved.

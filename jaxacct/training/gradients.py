@@ -14,6 +14,7 @@ coordinate. Batches are processed in microbatches so memory stays that of one mi
 
 from __future__ import annotations
 
+import math
 from typing import Callable, NamedTuple
 
 import jax
@@ -26,36 +27,83 @@ def per_example_gradients(loss, params, examples):
   return jax.vmap(jax.value_and_grad(loss), in_axes=(None, 0))(params, examples)
 
 
+# Norms: each leaf's squares summed in blocks of _BLOCK (in whatever order XLA picks), the
+# blocks' sums and then the leaves' sums added pairwise (an explicit tree), all in float32 or
+# wider. A sum of nonnegative terms whose additions nest at most d deep has relative error at
+# most gamma_d = d u / (1 - d u) (u the unit round-off: Higham, Accuracy and Stability of
+# Numerical Algorithms, Sec. 4.2), here d <= _BLOCK + log2(P / _BLOCK) + log2(leaves) + 1 (the
+# squares' rounding): below _DEPTH for up to 2^48 parameters in up to 2^20 leaves.
+_BLOCK = 64
+_DEPTH = _BLOCK + 48 + 20 + 1
+
+
+def _pairwise_sum(x):
+  """The sum over the last axis of ``x`` by an explicit tree of pairwise additions (depth
+  ceil(log2 n))."""
+  while x.shape[-1] > 1:
+    if x.shape[-1] % 2:
+      x = jnp.concatenate([x, jnp.zeros(x.shape[:-1] + (1,), x.dtype)], axis=-1)
+    x = x[..., 0::2] + x[..., 1::2]
+  return x[..., 0]
+
+
+def _squares_by_example(g):
+  """sum_j g_ij^2 of one leaf ([B, ...] -> [B]) in float32 or wider, blocked then pairwise."""
+  flat = jnp.reshape(g, (g.shape[0], -1)).astype(jnp.promote_types(g.dtype, jnp.float32))
+  extra = (-flat.shape[1]) % _BLOCK if flat.shape[1] > _BLOCK else 0
+  flat = jnp.pad(flat, ((0, 0), (0, extra)))
+  blocks = jnp.sum(jnp.reshape(flat ** 2, (flat.shape[0], -1, min(_BLOCK, flat.shape[1]))), -1)
+  return _pairwise_sum(blocks)
+
+
 def global_norms(gradients):
-  """Each example's gradient norm over all leaves ([B])."""
-  leaves = jax.tree_util.tree_leaves(gradients)
-  squares = [jnp.sum(jnp.reshape(g, (g.shape[0], -1)).astype(
-      jnp.promote_types(g.dtype, jnp.float32)) ** 2, axis=1) for g in leaves]
-  return jnp.sqrt(sum(squares))
+  """Each example's gradient norm over all leaves ([B]), in float32 or wider whatever the
+  parameters' dtype, with relative error below ``norm_error()`` (see ``clip_factors``)."""
+  squares = [_squares_by_example(g) for g in jax.tree_util.tree_leaves(gradients)]
+  dtype = jnp.result_type(*squares)
+  return jnp.sqrt(_pairwise_sum(jnp.stack([s.astype(dtype) for s in squares], axis=-1)))
 
 
-# Clip factors are shaved by this much: the factor's division and the product's rounding then
-# keep a clipped gradient's norm <= C (float32 and wider parameters).
-_CLIP_SHAVE = 1e-6
+def norm_error(dtype=jnp.float32) -> float:
+  """gamma of the norm's sum of squares in ``dtype``: the computed squared norm is within a
+  factor (1 +- gamma) of the exact one of the gradient as computed."""
+  u = float(jnp.finfo(dtype).eps) / 2
+  return _DEPTH * u / (1 - _DEPTH * u)
+
+
+def clip_margin(dtype=jnp.float32) -> float:
+  """The relative shave of every clip factor: a clipped gradient's exact norm stays <= C.
+
+  With n the exact norm, n^ the computed one (n^ >= n sqrt(1 - gamma) (1 - u): the sum's error
+  and the square root's rounding), the factor f = fl(fl(C (1 - s)) / n^) <= C (1 - s)(1 + u)^2 /
+  n^, and each coordinate's product rounding (1 + u): ||fl(f g)|| <= C (1 - s) (1 + u)^3 /
+  (sqrt(1 - gamma) (1 - u)), which is <= C for s >= 1 - sqrt(1 - gamma) (1 - u) / (1 + u)^3;
+  the margin is twice that (checked in exact arithmetic in the tests)."""
+  u = float(jnp.finfo(dtype).eps) / 2
+  return 2.0 * (1.0 - math.sqrt(1.0 - norm_error(dtype)) * (1 - u) / (1 + u) ** 3)
 
 
 def clip_factors(norms, clip_norm):
-  """min(1, C / ||g||) per example (1 for a zero gradient, 0 for a norm that is not finite);
-  ``clip_norm`` a scalar or one bound per example."""
+  """min(1, C (1 - s) / ||g||) per example, s = ``clip_margin`` (1 for a zero gradient, 0 for a
+  norm that is not finite); ``clip_norm`` a scalar or one bound per example. Every gradient at
+  or within the margin of C is scaled, so a norm computed a little low cannot slip through."""
   finite = jnp.isfinite(norms)
+  bound = clip_norm * (1.0 - clip_margin(norms.dtype))
   safe = jnp.where(finite & (norms > 0), norms, 1.0)
-  scaled = clip_norm / safe * (1.0 - _CLIP_SHAVE)
-  return jnp.where(finite, jnp.where(norms > clip_norm, scaled, 1.0), 0.0)
+  return jnp.where(finite, jnp.where(norms > bound, bound / safe, 1.0), 0.0)
 
 
 def clipped_sum(gradients, norms, weights, clip_norm):
-  """sum_i w_i min(1, C/||g_i||) g_i (``clip_norm`` a scalar or one bound per example);
-  entries of weight 0 contribute exactly zero."""
+  """sum_i w_i min(1, C/||g_i||) g_i in float32 or wider (``clip_norm`` a scalar or one bound
+  per example); entries of weight 0 contribute exactly zero. The sum over examples is a
+  contraction at ``precision=HIGHEST`` (no bf16 passes or TF32 on accelerators)."""
   factors = jnp.where(weights > 0, weights * clip_factors(norms, clip_norm), 0.0)
 
   def leaf_sum(g):  # (the mask through the factors: XLA then computes g once, not twice)
-    kept = jnp.where(jnp.reshape(factors > 0, (-1,) + (1,) * (g.ndim - 1)), g, 0)
-    return jnp.tensordot(factors.astype(g.dtype), kept, axes=1)
+    wide = jnp.promote_types(g.dtype, jnp.float32)
+    kept = jnp.where(jnp.reshape(factors > 0, (-1,) + (1,) * (g.ndim - 1)), g, 0).astype(wide)
+    return jnp.tensordot(factors.astype(wide), kept, axes=1,
+                         precision=jax.lax.Precision.HIGHEST)
   return jax.tree_util.tree_map(leaf_sum, gradients)
 
 
@@ -75,8 +123,10 @@ def microbatch_gradients(loss, params, data, indices):
   return losses, gradients, global_norms(gradients)
 
 
-def zeros_like_params(params):
-  return jax.tree_util.tree_map(jnp.zeros_like, params)
+def sum_buffers(params):
+  """Zeros shaped like ``params`` in float32 or wider: where a clipped sum accumulates."""
+  return jax.tree_util.tree_map(
+      lambda p: jnp.zeros(jnp.shape(p), jnp.promote_types(p.dtype, jnp.float32)), params)
 
 
 class Examples(NamedTuple):
@@ -91,11 +141,14 @@ class Examples(NamedTuple):
 
 def private_sum(loss, params, data, indices, weights, clip_norm, microbatch_size,
                 chunks=None, weigh=None, carry=None):
-  """The clipped, weighted gradient sum of ``data[indices]`` over microbatches.
+  """The clipped, weighted gradient sum of ``data[indices]`` over microbatches, in float32 or
+  wider.
 
   ``indices``, ``weights`` (and ``clip_norm`` when it is one bound per entry) are padded to a
-  multiple of ``microbatch_size``; ``chunks`` (may
-  be traced: a while loop then runs only the chunks holding sampled examples) defaults to all.
+  multiple of ``microbatch_size``; ``chunks`` (may be traced: a while loop then runs only the
+  chunks holding sampled examples) defaults to all. When one microbatch holds the buffer there
+  is no loop (XLA compiles some gradients, convolutions on CPU among them, far slower inside
+  one); a traced ``chunks`` of 0 then zeroes the weights.
   ``weigh(carry, indices, weights, norms) -> (carry, weights)`` lets a per-example accountant
   see each microbatch's norms before its gradients are summed (``carry`` its state).
   Returns (summed gradient, carry, ``Examples``).
@@ -112,6 +165,8 @@ def private_sum(loss, params, data, indices, weights, clip_norm, microbatch_size
     summed, inner, seen = state
     at = jax.lax.dynamic_slice(indices, (k * m,), (m,))
     w = jax.lax.dynamic_slice(weights, (k * m,), (m,))
+    if total == 1:
+      w = jnp.where(k < chunks, w, 0.0)
     bound = (jax.lax.dynamic_slice(clip_norm, (k * m,), (m,)) if jnp.ndim(clip_norm)
              else clip_norm)
     losses, gradients, norms = microbatch_gradients(loss, params, data, at)
@@ -123,8 +178,11 @@ def private_sum(loss, params, data, indices, weights, clip_norm, microbatch_size
     seen = Examples(*(old.at[k].set(new.astype(old.dtype)) for old, new in zip(seen, values)))
     return summed, inner, seen
 
-  start = (zeros_like_params(params), carry, Examples(blank, blank_norms, blank))
-  summed, carry, seen = jax.lax.fori_loop(0, chunks, body, start)
+  start = (sum_buffers(params), carry, Examples(blank, blank_norms, blank))
+  if total == 1:
+    summed, carry, seen = body(0, start)
+  else:
+    summed, carry, seen = jax.lax.fori_loop(0, chunks, body, start)
   return summed, carry, Examples(*(x.reshape(-1) for x in seen))
 
 
@@ -176,7 +234,9 @@ def private_aggregate(clip_norm, noise_multiplier,
                else jnp.clip(jnp.asarray(weights, norms.dtype), 0.0, 1.0))
     step_key, next_key = jax.random.split(state.key)
     summed = clipped_sum(updates, norms, weights, clip_norm)
-    return add_noise(summed, step_key, noise_multiplier * clip_norm), AggregateState(next_key)
+    noisy = add_noise(summed, step_key, noise_multiplier * clip_norm)
+    like_input = jax.tree_util.tree_map(lambda x, u: x.astype(u.dtype), noisy, updates)
+    return like_input, AggregateState(next_key)
 
   return optax.GradientTransformationExtraArgs(init, update)
 
@@ -193,6 +253,6 @@ def nnx_loss(model, loss_fn: Callable):
   return params, loss
 
 
-__all__ = ["AggregateState", "Examples", "add_noise", "all_norms", "clip_factors", "clipped_sum",
-           "global_norms", "nnx_loss", "per_example_gradients", "private_aggregate",
-           "private_sum"]
+__all__ = ["AggregateState", "Examples", "add_noise", "all_norms", "clip_factors", "clip_margin",
+           "clipped_sum", "global_norms", "nnx_loss", "norm_error", "per_example_gradients",
+           "private_aggregate", "private_sum", "sum_buffers"]

@@ -1,32 +1,37 @@
 """A DP training step with its accounting inside the compiled step.
 
-``private_trainer(config, loss, optimizer)`` returns pure ``init`` / ``step`` functions, Optax
-style. ``step(state, data)`` draws the batch with the configuration's sampler, computes the
-clipped per-example gradients in microbatches, lets the per-example accountant (filter or bucket
-counter) see every example's norm and drop the examples it refuses, adds the noise, applies the
-optimiser and records the step in the ledger -- one ``jit``, no host callback. The ledger (steps
-accounted, steps refused, the per-example state) lives in the train state, so it is checkpointed
-with the model, and ``privacy_report(state)`` turns it into epsilons at any point.
+``private_trainer(config, loss, optimizer, mesh=None)`` returns pure ``init`` / ``step``
+functions, Optax style. A step composes small pure functions: ``draw`` the batch with the
+configuration's sampler; on each block of examples (the whole dataset, or a device's block on a
+mesh) ``clip_and_sum`` the per-example gradients in microbatches, letting the per-example
+accountant (filter or bucket counter) see every example's norm and drop the examples it refuses;
+add the blocks' sums once; add the noise, drawn once from the step's key; apply the optimiser;
+``record`` the step in the ledger -- one ``jit``, no host callback. The ledger (steps accounted,
+steps refused, the per-example state) lives in the train state, so it is checkpointed with the
+model, and ``privacy_report(state)`` turns it into epsilons at any point.
+
+Data that does not fit on the devices: ``trainer.sample(state)`` gives the batch the next step
+draws, the caller gathers its rows from wherever the data lives, and
+``trainer.step_on_batch(state, rows, batch)`` takes the same step.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import PartitionSpec
 
-from jaxacct import api, gdp
-from jaxacct.individual import (COUNTER_CERTIFIES, DEFAULT_RTOL, FILTER_CERTIFIES, bucket_counter,
-                                gdp_filter, rdp_budget, rdp_filter)
-from jaxacct.results import Bounds
-from jaxacct.training import gradients as _grads
-from jaxacct.training.sampling import DPConfig
+from jaxacct._numerics import host_values, is_traced
+from jaxacct.training.accounting import FILTERS, check_budget, individual_accountant
+from jaxacct.training.gradients import add_noise, all_norms, pad_to, private_sum
+from jaxacct.training.mesh import Layout, block_members
+from jaxacct.training.sampling import Batch, DPConfig
 
 
 @jax.tree_util.register_dataclass
@@ -69,70 +74,22 @@ class StepMetrics(NamedTuple):
 
 class PrivateTrainer(NamedTuple):
   """``init(params, key, data) -> TrainState``; ``step(state, data) -> (state, StepMetrics)``
-  (pure: ``jax.jit(trainer.step, donate_argnums=0)``)."""
+  (pure: ``jax.jit(trainer.step, donate_argnums=0)``); ``sample(state) -> Batch``, the batch
+  the next step draws (numpy arrays, the same on every process); ``step_on_batch(state, rows, batch) -> (state, StepMetrics)``, that step
+  on the rows ``data[batch.indices]`` gathered by the caller; ``place(data)``, the data (this
+  process's block of it) as arrays split over the mesh's data axis."""
 
   init: Callable
   step: Callable
+  sample: Callable
+  step_on_batch: Callable
+  place: Callable
 
 
 # The Poisson path charges norms from one pass and sums gradients from another (other batch
 # shapes): the same norm recomputed may differ by a few float32 ulps, so charges are taken at
 # norms raised by this much (a margin far above that round-off).
 _RECOMPUTE_MARGIN = 1e-5
-
-
-def individual_accountant(config: DPConfig):
-  """The per-example accountant of ``config`` (None for "worst_case"), its ledger in float32, or
-  float64 when x64 is enabled.
-
-  Budgets: the GDP filter's mu is that of ``target_epsilon`` at ``delta`` when given, else that
-  of T clipped DP-GD steps, sqrt(T) / sigma; the RDP filter's is the RDP of T worst-case steps
-  (``rdp_budget``). Every example is then held to at least the planned run's worst case."""
-  return _accountant(config, jnp.zeros(()).dtype.name)
-
-
-@functools.lru_cache(maxsize=32)
-def _accountant(config: DPConfig, dtype: str):
-  """``individual_accountant`` with its ledger's dtype (built once per configuration and dtype)."""
-  sigma, clip, n, q = (config.noise_multiplier, config.clip_norm, config.num_examples,
-                       config.sampling_rate)
-  if config.accountant == "gdp_filter":
-    if config.target_epsilon is None:
-      mu = math.sqrt(config.steps) / sigma
-    else:  # (lowered so that the filter's guarantee, B sqrt(1 + rtol), stays <= the target)
-      mu = gdp.mu_of_eps_delta(config.target_epsilon, config.delta)
-      mu = float(mu) / math.sqrt(1.0 + DEFAULT_RTOL) * (1.0 - 1e-12)
-    return gdp_filter(float(mu), clip, sigma, n, config.may_return, dtype=dtype)
-  if config.accountant == "rdp_filter":
-    return rdp_filter(rdp_budget(sigma, q, config.steps), clip, sigma, n, config.may_return,
-                      sampling_rate=q, dtype=dtype)
-  if config.accountant == "bucket_counter":
-    return bucket_counter(sigma, clip, q, n, dtype=dtype)
-  return None
-
-
-def planned_epsilon(config: DPConfig) -> float:
-  """The epsilon at ``config.delta`` a run of ``config`` certifies: the worst-case upper of its
-  T steps (its own sampler's composition, with a small buffer's allowance) and, for the filters,
-  the epsilon each example is held to, whichever is larger."""
-  planned = float(worst_case_epsilon(config, config.steps).upper)
-  if config.accountant in ("gdp_filter", "rdp_filter"):
-    planned = max(planned, individual_accountant(config).guarantee(config.delta))
-  return planned
-
-
-def check_budget(config: DPConfig):
-  """Refuses a configuration whose ``planned_epsilon`` exceeds ``target_epsilon``."""
-  if config.target_epsilon is None:
-    return
-  planned = planned_epsilon(config)
-  if planned > config.target_epsilon:
-    raise ValueError(
-        f"noise_multiplier {config.noise_multiplier:g} does not reach target_epsilon "
-        f"{config.target_epsilon:g}: {config.steps} steps of this sampler ({config.sampler}, "
-        f"q = {config.sampling_rate:.6g}) with the {config.accountant} accountant give epsilon "
-        f"<= {planned:.4g} at delta {config.delta:g} (jaxacct.training.calibrate(config, "
-        f"{config.target_epsilon:g}) sets the noise multiplier this run needs)")
 
 
 def check_lengths(config: DPConfig, data):
@@ -174,7 +131,7 @@ def check_same_config(ledger_config: DPConfig, config: DPConfig):
                      f"{config_differences(ledger_config.fingerprint(), config.fingerprint())})")
 
 
-def _chargeable(norms):
+def chargeable(norms):
   """Gradient norms for an accountant: one that is not finite (its gradient is left out of the
   sum) as +inf, which every accountant charges as clipped, with or without ``jit``."""
   return jnp.where(norms >= 0, norms, jnp.inf)
@@ -192,8 +149,156 @@ def _key_data(key):
   return jnp.array(key, copy=True)
 
 
-def private_trainer(config: DPConfig, loss: Callable,
-                    optimizer: optax.GradientTransformation) -> PrivateTrainer:
+class BlockPass(NamedTuple):
+  """What the per-example pass over one block of examples needs (static): the loss, the
+  block's per-example accountant (None for the worst-case ledger), the microbatch size, the
+  clip norm, whether the accountant is a filter, and whether it charges every example's norm
+  at every step (Poisson with a per-example accountant, Koskela et al., Sec. 5)."""
+
+  loss: Callable
+  accountant: object
+  microbatch: int
+  clip_norm: float
+  filters: bool
+  all_norms: bool
+
+
+class Tally(NamedTuple):
+  """A block's sums for the step's metrics: losses of the examples summed, how many entered
+  the sum, how many of them were clipped."""
+
+  loss: jax.Array
+  entered: jax.Array
+  clipped: jax.Array
+
+
+def admit_all(p: BlockPass, individual, params, rows, positions, valid):
+  """Every example of the block charged at its norm at this step, in one update; the batch
+  keeps the members a filter admits, each clipped to the norm it was charged for (the sum's
+  pass recomputes the norms). Returns (state, valid, per-entry clip bounds)."""
+  count = jax.tree_util.tree_leaves(rows)[0].shape[0]
+  norms = chargeable(all_norms(p.loss, params, rows, count, p.microbatch)
+                     * (1.0 + _RECOMPUTE_MARGIN))
+  every, listed = jnp.arange(count, dtype=jnp.int32), jnp.ones(count, bool)
+  bounds = jnp.minimum(jnp.where(jnp.isfinite(norms), norms, 0.0), p.clip_norm)[positions]
+  if p.filters:
+    individual, _ = p.accountant.update(individual, norms, every, listed)
+    return individual, valid & individual.active[positions], bounds
+  return p.accountant.update(individual, norms, every, listed), valid, bounds
+
+
+def start_filter_step(accountant, individual):
+  """A filter's new step with no example yet (DP-GD admits microbatch by microbatch)."""
+  empty = (jnp.zeros(1, jnp.float32), jnp.zeros(1, jnp.int32), jnp.zeros(1, bool))
+  return accountant.update(individual, *empty, new_step=True)[0]
+
+
+def weigh_in(accountant, carry, indices, weights, norms):
+  """A microbatch's examples admitted (and charged) by the filter before they are summed."""
+  carry, admitted = accountant.update(carry, chargeable(norms), indices, weights > 0,
+                                      new_step=False)
+  return carry, weights * admitted.astype(weights.dtype)
+
+
+def clip_and_sum(p: BlockPass, params, rows, positions, valid, individual, allowed):
+  """One block's part of a step: the clipped gradient sum of ``rows[positions]`` where
+  ``valid`` (front-packed), in float32, with the block's per-example accountant charged (its
+  ``positions`` are the block's example numbers where it keeps state). Returns (sum, state,
+  ``Tally``); nothing is summed or charged per example unless ``allowed``."""
+  m = p.microbatch
+  chunks = jnp.where(allowed, (jnp.sum(valid) + m - 1) // m, 0)
+  weigh, clip = None, p.clip_norm
+  if p.all_norms:
+    individual, valid, bounds = admit_all(p, individual, params, rows, positions, valid)
+    clip = pad_to(bounds, m, 0.0)
+  elif p.filters:
+    individual = start_filter_step(p.accountant, individual)
+    weigh = functools.partial(weigh_in, p.accountant)
+  indices = pad_to(positions, m, 0)
+  weights = pad_to(valid.astype(jnp.float32), m, 0.0)
+  summed, individual, seen = private_sum(p.loss, params, rows, indices, weights, clip, m,
+                                         chunks, weigh, individual)
+  entered = seen.weights > 0
+  if p.accountant is not None and not (p.filters or p.all_norms):
+    # DP-GD with the bucket counter: the norms the sum clipped, counted in one update.
+    individual = p.accountant.update(individual, chargeable(seen.norms), indices, entered)
+  tally = Tally(jnp.sum(seen.losses), jnp.sum(entered),
+                jnp.sum(entered & (seen.norms > p.clip_norm)))
+  return summed, individual, tally
+
+
+def step_keys(key):
+  """(the next state's key, the batch's key, the noise's key) of a step."""
+  return tuple(jax.random.split(key, 3))
+
+
+def allowed_step(config: DPConfig, batch: Batch, ledger: Ledger):
+  """Whether the step may run: not on an overflowing Poisson batch, and, without a filter
+  (no per-example budget: the planned T is the budget), not beyond the planned T."""
+  allowed = ~batch.overflow
+  if config.accountant not in FILTERS:
+    allowed &= ledger.steps < config.steps
+  return allowed
+
+
+def noisy_gradient(summed, key, std, expected_batch, params):
+  """The sum plus N(0, std^2) noise drawn once from ``key`` (float32), over the expected batch
+  size, in each parameter's dtype."""
+  noisy = add_noise(summed, key, std)
+  return jax.tree_util.tree_map(lambda g, p: (g / expected_batch).astype(p.dtype), noisy, params)
+
+
+def keep_where(allowed, new, old):
+  """``new`` where ``allowed``, else ``old`` (leaf by leaf)."""
+  return jax.tree_util.tree_map(lambda a, b: jnp.where(allowed, a, b), new, old)
+
+
+def record(ledger: Ledger, allowed, overflow, individual) -> Ledger:
+  """The ledger after a step: a run or refused-for-overflow step is counted (the refusal is
+  accounted too); the per-example state moves only when the step ran."""
+  counted = allowed | overflow
+  return Ledger(ledger.steps + counted.astype(jnp.int32),
+                ledger.refused + overflow.astype(jnp.int32),
+                keep_where(allowed, individual, ledger.individual), ledger.config)
+
+
+def metrics(tally: Tally, batch: Batch, allowed) -> StepMetrics:
+  count = jnp.maximum(tally.entered, 1)
+  return StepMetrics(tally.loss / count, batch.size, tally.entered, tally.clipped / count,
+                     allowed)
+
+
+def _check_config(config):
+  if not isinstance(config, DPConfig):
+    raise TypeError(f"config must be a DPConfig; got {type(config).__name__}")
+
+
+def _check_rows(config: DPConfig, rows):
+  """Refuses rows that are not one per entry of the batch buffer."""
+  lengths = {np.shape(x)[0] if np.ndim(x) else None for x in jax.tree_util.tree_leaves(rows)}
+  if lengths != {config.buffer_size}:
+    raise ValueError(f"rows must hold one row per entry of the batch buffer "
+                     f"({config.buffer_size}: data[batch.indices]); got leading sizes "
+                     f"{sorted(map(str, lengths))}")
+
+
+def _check_host_fed(config: DPConfig):
+  """Refuses host-fed steps where the accountant needs rows the batch does not hold."""
+  if config.sampler == "poisson" and config.accountant != "worst_case":
+    raise ValueError(f"the {config.accountant} accountant charges every example's gradient norm "
+                     f"at every Poisson step (Koskela et al., Sec. 5), so it needs all N rows on "
+                     f"the devices, not only the batch's: use trainer.step with the data placed "
+                     f"on the mesh (trainer.place), or accountant='worst_case'")
+
+
+def _same_batch(batch: Batch, drawn: Batch):
+  """Whether the caller's batch is the one the step draws (its rows are then those accounted)."""
+  same = jnp.all(jnp.asarray(batch.indices) == drawn.indices)
+  return same & jnp.all(jnp.asarray(batch.valid) == drawn.valid)
+
+
+def private_trainer(config: DPConfig, loss: Callable, optimizer: optax.GradientTransformation,
+                    *, mesh=None, data_axis: str = "data") -> PrivateTrainer:
   """DP-SGD / DP-GD training with ``config``'s sampler, clipping, noise and accountant.
 
   ``loss(params, example) -> scalar`` for one example (``gradients.nnx_loss`` adapts a Flax NNX
@@ -201,199 +306,126 @@ def private_trainer(config: DPConfig, loss: Callable,
   A step the accounting does not allow is not taken (parameters and optimiser unchanged,
   ``ran`` False): a Poisson batch that overflows its buffer (counted in the ledger), or, without
   a filter (worst-case ledger, bucket counter), a step beyond the planned T.
+
+  ``mesh``: a ``jax.sharding.Mesh`` whose ``data_axis`` splits the examples (N a multiple of
+  its size): the data and the per-example state are split in blocks over it, each device
+  clips and sums its block's examples, the sums are added once per step and the noise is drawn
+  once from the step's key. The batches, the ledger and (to float32 round-off) the parameters
+  are those of the same run on one device.
   """
-  if not isinstance(config, DPConfig):
-    raise TypeError(f"config must be a DPConfig; got {type(config).__name__}")
+  _check_config(config)
+  layout = Layout(mesh, data_axis)
+  layout.check(config.num_examples)
   check_budget(config)
+  n, block = config.num_examples, config.num_examples // layout.shards
   accountant = individual_accountant(config)
-  sample = config.sampler_fn()
-  m, n = config.microbatch_size, config.num_examples
+  block_pass = BlockPass(loss, individual_accountant(config, block), config.microbatch_size,
+                         config.clip_norm, config.accountant in FILTERS,
+                         accountant is not None and config.sampler == "poisson")
+  draw = config.sampler_fn()
   std = config.noise_multiplier * config.clip_norm
-  needs_all_norms = accountant is not None and config.sampler == "poisson"
-  filters = config.accountant in ("gdp_filter", "rdp_filter")
+  block_buffer = min(config.buffer_size, block)
+  rows_per_block = -(-config.buffer_size // layout.shards)
 
   def init(params, key, data):
     check_data(config, loss, params, data)
-    individual = None if accountant is None else accountant.init()
-    ledger = Ledger(jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32), individual, config)
+    individual = None
+    if accountant is not None:
+      shardings = (None if mesh is None else jax.tree_util.tree_map(
+          layout.sharding, layout.example_specs(jax.eval_shape(accountant.init), n)))
+      individual = jax.jit(accountant.init, out_shardings=shardings)()
+    zero = layout.replicate(np.zeros((), np.int32))
+    ledger = Ledger(zero, layout.replicate(np.zeros((), np.int32)), individual, config)
     # (copies: a step that donates its state must not delete the caller's arrays)
-    params = jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), params)
-    return TrainState(params, optimizer.init(params), ledger, _key_data(key))
+    params = layout.replicate(params)
+    with layout.context():
+      opt_state = jax.jit(optimizer.init)(params)
+    return TrainState(params, opt_state, ledger, layout.replicate(_key_data(key)))
 
-  def account_all(individual, params, data, batch):
-    """Poisson with a per-example accountant: every example's norm at this step (Koskela et
-    al., Sec. 5), charged in one update; the batch keeps the members the filter admits, each
-    clipped to the norm it was charged for (the sum's pass recomputes the norms)."""
-    norms = _chargeable(_grads.all_norms(loss, params, data, n, m) * (1.0 + _RECOMPUTE_MARGIN))
-    every, listed = jnp.arange(n, dtype=jnp.int32), jnp.ones(n, bool)
-    bounds = jnp.minimum(jnp.where(jnp.isfinite(norms), norms, 0.0), config.clip_norm)
-    bounds = bounds[batch.indices]
-    if filters:
-      individual, _ = accountant.update(individual, norms, every, listed)
-      return individual, batch.valid & individual.active[batch.indices], bounds
-    return accountant.update(individual, norms, every, listed), batch.valid, bounds
+  def over_blocks(fn, params, rows, selection, individual, allowed):
+    """``fn`` on each block (split ``rows`` and per-example state), its sums added."""
+    state_specs = (PartitionSpec() if individual is None
+                   else layout.example_specs(individual, n))
+    split = PartitionSpec(layout.axis)
+    selection_spec = PartitionSpec() if isinstance(selection, Batch) else split
+    in_specs = (PartitionSpec(), split, selection_spec, state_specs, PartitionSpec())
+    run = layout.over_examples(fn, in_specs=in_specs,
+                               out_specs=(PartitionSpec(), state_specs, PartitionSpec()))
+    placed = layout.put((rows, selection, individual, allowed), in_specs[1:])
+    params = layout.put(params, layout.params_specs(params))  # (their own layout kept)
+    return run(params, *placed)
 
-  def weigh_in_step(carry, indices, weights, norms):
-    """DP-GD with a filter: each microbatch's examples admitted (and charged) as they come."""
-    carry, admitted = accountant.update(carry, _chargeable(norms), indices, weights > 0,
-                                        new_step=False)
-    return carry, weights * admitted.astype(weights.dtype)
+  def on_data_block(params, rows, batch, individual, allowed):
+    if mesh is None:
+      positions, valid = batch.indices, batch.valid
+    else:
+      positions, valid = block_members(batch, layout.block_start(block), block, block_buffer)
+    summed, individual, tally = clip_and_sum(block_pass, params, rows, positions, valid,
+                                             individual, allowed)
+    return layout.total(summed), individual, layout.total(tally)
 
-  def step(state, data):
-    ledger = state.ledger
-    check_same_config(ledger.config, config)
-    check_lengths(config, data)
-    data = jax.tree_util.tree_map(jnp.asarray, data)  # (host arrays, when run without jit)
-    key, sample_key, noise_key = jax.random.split(state.key, 3)
-    batch = sample(sample_key)
-    allowed = ~batch.overflow
-    if not filters:  # (no per-example budget: the planned T is the budget)
-      allowed &= ledger.steps < config.steps
-    individual, valid, weigh, clip = ledger.individual, batch.valid, None, config.clip_norm
-    if needs_all_norms:
-      individual, valid, bounds = account_all(individual, state.params, data, batch)
-      clip = _grads.pad_to(bounds, m, 0.0)
-    elif filters:  # DP-GD: start the step, then admit microbatch by microbatch
-      empty = (jnp.zeros(1, jnp.float32), jnp.zeros(1, jnp.int32), jnp.zeros(1, bool))
-      individual = accountant.update(individual, *empty, new_step=True)[0]
-      weigh = weigh_in_step
-    indices = _grads.pad_to(batch.indices, m, 0)
-    weights = _grads.pad_to(valid.astype(jnp.float32), m, 0.0)
-    chunks = jnp.where(allowed, (batch.size + m - 1) // m, 0)
-    summed, individual, seen = _grads.private_sum(
-        loss, state.params, data, indices, weights, clip, m, chunks, weigh, individual)
-    if accountant is not None and not (filters or needs_all_norms):
-      # DP-GD with the bucket counter: the norms the sum clipped, counted in one update.
-      individual = accountant.update(individual, _chargeable(seen.norms), indices,
-                                     seen.weights > 0)
-    gradient = jax.tree_util.tree_map(lambda g: g / config.expected_batch_size,
-                                      _grads.add_noise(summed, noise_key, std))
+  def on_row_block(params, rows, valid, individual, allowed):
+    positions = jnp.arange(valid.shape[0], dtype=jnp.int32)
+    summed, individual, tally = clip_and_sum(block_pass, params, rows, positions, valid,
+                                             individual, allowed)
+    return layout.total(summed), individual, layout.total(tally)
+
+  def finish(state, summed, individual, tally, batch, allowed, keys):
+    """Noise, optimiser and ledger after the blocks' sum."""
+    key, _, noise_key = keys
+    gradient = noisy_gradient(summed, noise_key, std, config.expected_batch_size, state.params)
     updates, opt_state = optimizer.update(gradient, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    keep = lambda new, old: jax.tree_util.tree_map(
-        lambda a, b: jnp.where(allowed, a, b), new, old)
-    counted = allowed | batch.overflow  # a refused Poisson step is accounted too
-    ledger = Ledger(ledger.steps + counted.astype(jnp.int32),
-                    ledger.refused + batch.overflow.astype(jnp.int32),
-                    keep(individual, ledger.individual), config)
-    state = TrainState(keep(params, state.params), keep(opt_state, state.opt_state), ledger, key)
-    entered = seen.weights > 0
-    count = jnp.maximum(jnp.sum(entered), 1)
-    metrics = StepMetrics(jnp.sum(seen.losses) / count, batch.size, jnp.sum(entered),
-                          jnp.sum(entered & (seen.norms > config.clip_norm)) / count, allowed)
-    return state, metrics
+    ledger = record(state.ledger, allowed, batch.overflow, individual)
+    new = TrainState(keep_where(allowed, params, state.params),
+                     keep_where(allowed, opt_state, state.opt_state), ledger, key)
+    return new, metrics(tally, batch, allowed)
 
-  return PrivateTrainer(init, step)
+  def step(state, data):
+    check_same_config(state.ledger.config, config)
+    check_lengths(config, data)
+    data = jax.tree_util.tree_map(jnp.asarray, data)  # (host arrays, when run without jit)
+    keys = step_keys(state.key)
+    batch = draw(keys[1])
+    allowed = allowed_step(config, batch, state.ledger)
+    summed, individual, tally = over_blocks(on_data_block, state.params, data, batch,
+                                            state.ledger.individual, allowed)
+    return finish(state, summed, individual, tally, batch, allowed, keys)
 
+  @jax.jit
+  def sample_of_key(key):
+    return draw(step_keys(key)[1])
 
-# ----------------------------------------------------------------------------------------------
-# The report
+  def sample(state) -> Batch:
+    return Batch(*host_values(tuple(sample_of_key(state.key))))
 
+  def step_on_batch(state, rows, batch):
+    check_same_config(state.ledger.config, config)
+    _check_host_fed(config)
+    _check_rows(config, rows)
+    keys = step_keys(state.key)
+    drawn = draw(keys[1])
+    same = _same_batch(batch, drawn)
+    if not is_traced(same) and not bool(same):
+      raise ValueError("batch is not the one this step draws: pass trainer.sample(state) of "
+                       "the same state")
+    allowed = allowed_step(config, drawn, state.ledger) & same
+    extra = rows_per_block * layout.shards - config.buffer_size
+    pad = lambda x: jnp.pad(jnp.asarray(x), [(0, extra)] + [(0, 0)] * (jnp.ndim(x) - 1))
+    summed, individual, tally = over_blocks(on_row_block, state.params,
+                                            jax.tree_util.tree_map(pad, rows),
+                                            pad(drawn.valid), state.ledger.individual, allowed)
+    new, out = finish(state, summed, individual, tally, drawn, allowed, keys)
+    # A batch not drawn here leaves the state as it was (nothing released, nothing charged).
+    return keep_where(same, new, state), out._replace(ran=out.ran & same)
 
-@dataclasses.dataclass(frozen=True)
-class PrivacyReport:
-  """Where a run's privacy stands.
+  def place(data):
+    return layout.place(data, n)
 
-  ``epsilon``: certified bounds on the worst-case epsilon at ``delta`` of the ``steps``
-  accounted (the composition of ``config.composition(steps)``, plus the overflow allowance of a
-  Poisson buffer below N + 1). ``guarantee``: the epsilon every example is held to by a filter
-  (None without one). ``individual``: quantiles of the examples' epsilons so far (their
-  odometers: GDP for the GDP filter, RDP for the RDP filter and the bucket counter);
-  ``certifies`` says what they certify (a filter's guarantee holds under full adaptivity, a
-  bucket counter's individual epsilon only for the realised norms taken as fixed in advance).
-  ``active``: examples in the latest step (admitted by a filter; all listed ones otherwise).
-  """
-
-  epsilon: Bounds
-  delta: float
-  steps: int
-  refused: int
-  guarantee: float | None
-  individual: dict | None
-  active: int | None
-  config: DPConfig
-  certifies: str | None = None
-
-  def __str__(self):
-    lines = [f"{self.steps} steps ({self.config.sampler} sampling, q = "
-             f"{self.config.sampling_rate:.6g}, sigma = {self.config.noise_multiplier:g}, "
-             f"C = {self.config.clip_norm:g}): worst-case epsilon <= "
-             f"{float(self.epsilon.upper):.4f} at delta = {self.delta:g}"]
-    if self.refused:
-      lines.append(f"{self.refused} steps refused (batch buffer overflow)")
-    if self.guarantee is not None:
-      lines.append(f"every example held to epsilon <= {self.guarantee:.4f} by its filter")
-    if self.individual is not None:
-      shown = ", ".join(f"{int(100 * q)}%: {v:.4f}" for q, v in self.individual.items())
-      lines.append(f"individual epsilon quantiles: {shown}")
-      lines.append(self.certifies)
-    if self.active is not None:
-      lines.append(f"{self.active} of {self.config.num_examples} examples active")
-    return "\n".join(lines)
+  return PrivateTrainer(init, step, sample, step_on_batch, place)
 
 
-QUANTILES = (0.0, 0.1, 0.5, 0.9, 1.0)
-
-
-def _on_host(bounds: Bounds) -> Bounds:
-  """Bounds as numpy values (float64 outside an x64 scope too)."""
-  return jax.tree_util.tree_map(np.asarray, bounds)
-
-
-def worst_case_epsilon(config: DPConfig, steps: int, delta=None) -> Bounds:
-  """Certified epsilon at ``delta`` (default the config's) of ``steps`` steps of ``config``.
-
-  A Poisson buffer below N + 1 overflows with probability beta per step; the run then differs
-  from Poisson DP-SGD on an event of probability <= T beta under either dataset, so its delta is
-  at most delta_Poisson(eps) + (1 + e^eps) T beta. The upper bound solves that by a short
-  monotone iteration, each candidate checked with a margin of 1/2 in eps."""
-  delta = config.delta if delta is None else float(delta)
-  if steps == 0:
-    zero = np.zeros(())
-    return Bounds(zero, zero, zero, np.zeros((), np.int32))
-  composition = config.composition(steps)
-  slack = steps * config.overflow_per_step
-  if slack == 0.0:
-    return _on_host(api.epsilon(composition, delta))
-  eps = 0.0
-  for _ in range(8):
-    allowance = (1.0 + math.exp(min(eps + 0.5, 700.0))) * slack
-    if allowance >= delta:
-      break
-    upper = api.epsilon(composition, delta - allowance)
-    if float(upper.upper) <= eps + 0.5:  # its allowance at eps + 1/2 covers its own
-      lower = api.epsilon(composition, min(delta + allowance, 0.5))
-      return _on_host(Bounds(lower.lower, upper.estimate, upper.upper,
-                             upper.status | lower.status))
-    eps = float(upper.upper)
-  raise ValueError(f"the Poisson buffer's overflow allowance ({slack:.3g} per run) is not small "
-                   f"against delta = {delta:g}: raise capacity")
-
-
-def privacy_report(state: TrainState, delta=None, quantiles=QUANTILES) -> PrivacyReport:
-  """The worst-case certified epsilon, the individual epsilon quantiles and the active-set size
-  of a run (host side; cheap enough to call every few hundred steps)."""
-  ledger = state.ledger
-  config = ledger.config
-  delta = config.delta if delta is None else float(delta)
-  steps = int(ledger.steps)
-  accountant = individual_accountant(config)
-  guarantee = individual = active = certifies = None
-  if accountant is not None:
-    filtered = config.accountant in ("gdp_filter", "rdp_filter")
-    certifies = FILTER_CERTIFIES if filtered else COUNTER_CERTIFIES
-    kept = jax.tree_util.tree_map(jnp.asarray, ledger.individual)  # (also a host copy)
-    eps = np.asarray(accountant.odometer(kept, delta), np.float64)
-    individual = dict(zip(quantiles, np.quantile(eps, quantiles, method="higher").tolist()))
-    if filtered:
-      guarantee = accountant.guarantee(delta)
-      active = int(jnp.sum(ledger.individual.active))
-    else:
-      active = config.num_examples
-  return PrivacyReport(worst_case_epsilon(config, steps, delta), delta, steps,
-                       int(ledger.refused), guarantee, individual, active, config, certifies)
-
-
-__all__ = ["Ledger", "PrivacyReport", "PrivateTrainer", "StepMetrics", "TrainState",
-           "check_budget", "check_data", "check_lengths", "individual_accountant",
-           "planned_epsilon", "private_trainer", "privacy_report", "worst_case_epsilon"]
+__all__ = ["BlockPass", "Ledger", "PrivateTrainer", "StepMetrics", "Tally", "TrainState",
+           "allowed_step", "check_data", "check_lengths", "check_same_config", "chargeable",
+           "clip_and_sum", "config_differences", "keep_where", "noisy_gradient",
+           "private_trainer", "record", "step_keys"]
