@@ -4,6 +4,7 @@ import csv
 import math
 import os
 import pathlib
+import tempfile
 
 import numpy as np
 import pytest
@@ -12,6 +13,13 @@ from scipy import optimize, stats
 
 # Tests never write into the user's compilation cache (the CLI's; see test_inputs for its test).
 os.environ["JAXACCT_NO_CACHE"] = "1"
+# One compilation cache for the session, shared by the pytest workers and every subprocess a
+# test starts (notebooks, the CLI, forced-device runs): a program compiled once is read, not
+# compiled again, elsewhere. Set before jax is imported; the workers and subprocesses inherit it
+# (a fresh directory per session: a run never reads another run's programs).
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="jaxacct-test-xla-")
+  os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
 
 
 def gaussian_delta(eps, mu):

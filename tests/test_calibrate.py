@@ -237,9 +237,8 @@ def test_gradients_match_central_differences():
   by_steps = lambda t: calibrate.noise_multiplier(2.0, 1e-5, 0.01, t, accountant="spa")
   with jax.enable_x64(True):  # (compiled, in a float64 scope: op by op this took 48 s)
     grad_t = float(jax.jit(jax.grad(by_steps))(1000.0))
-  # Five-point central differences: five settings, the batch shape of the module's budgets, so
-  # the programs the constant-time test compiled for them serve here.
-  around = np.asarray(by_steps(1000.0 + np.arange(-2.0, 3.0)))
+    # Five-point central differences, the five settings in one compiled batch.
+    around = np.asarray(jax.jit(jax.vmap(by_steps))(1000.0 + jnp.arange(-2.0, 3.0)))
   fd = float(np.dot([1.0, -8.0, 0.0, 8.0, -1.0], around)) / 12.0
   assert grad_t == pytest.approx(fd, rel=1e-4)
   assert grad_t > 0.0

@@ -626,38 +626,6 @@ def _check_band_queries(sigma, q, steps, delta, band_factor):
   assert np.all(np.asarray(curve_b) >= np.asarray(delta_b.upper) * (1 - 1e-12))
 
 
-_SHARDED = r"""
-import os
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
-import jax, numpy as np
-from jaxacct.individual import dpsgd, noise_grid
-assert len(jax.devices()) == 4
-grid = noise_grid(1.2)
-rng = np.random.default_rng(3)
-counts = np.stack([rng.multinomial(300, rng.dirichlet(np.ones(8))) for _ in range(37)])
-counts = np.pad(counts, ((0, 0), (0, grid.size - 8)))
-four = dpsgd.per_example_privacy(counts, 300, grid, 0.05, 1e-5, chunk=16)
-one = dpsgd.per_example_privacy(counts, 300, grid, 0.05, 1e-5, chunk=16,
-                                devices=jax.devices()[:1])
-for field in ("lower", "estimate", "upper"):
-  assert np.array_equal(getattr(four.pld, field), getattr(one.pld, field)), field
-assert np.array_equal(four.gdp_mu, one.gdp_mu)
-assert np.all(np.diff(np.sort(four.pld.upper)) >= 0) and four.pld.upper.shape == (37,)
-print("ok", float(four.pld.upper.max()))
-"""
-
-
-def test_report_sharded_over_four_host_devices_matches_one_device():
-  import os
-  import subprocess
-  import sys
-  env = dict(os.environ, JAX_ENABLE_X64="1")
-  out = subprocess.run([sys.executable, "-c", _SHARDED], env=env, capture_output=True,
-                       text=True, timeout=900)
-  assert out.returncode == 0, out.stderr[-3000:]
-  assert out.stdout.startswith("ok")
-
-
 def test_bucket_counter_odometer_bounds_dp_accountings_rdp(dpsgd_report, x64_off):
   """The counter's per-step odometer (jit, float32): each example's RDP epsilon at the filters'
   orders, against dp-accounting's RDP accountant on the same sequence; 0 before any step."""

@@ -60,12 +60,18 @@ def _estimate(plan, sigma, rate, steps=300, delta=1e-6):
   return jaxacct.dpsgd_epsilon(sigma, rate, steps, delta, plan=plan).estimate
 
 
+@jax.jit
+def _estimate_grad(plan, sigma, rate):
+  return jax.grad(lambda s, q: _estimate(plan, s, q), argnums=(0, 1))(sigma, rate)
+
+
 @pytest.mark.parametrize("sigma, rate", [(0.93, 0.0137), (1.3711, 0.02), (2.71, 0.0155)])
 def test_grad_matches_central_differences(plan, sigma, rate):
   # Central differences with step 1e-5 relative. The estimate has a round-off noise floor of
   # ~1e-9 that, at isolated points, moves one such difference by ~2e-4 relative; the median of the
   # differences at steps 3e-6, 1e-5 and 3e-5 cannot be moved by one such point.
-  d_sigma, d_rate = jax.grad(lambda s, q: _estimate(plan, s, q), argnums=(0, 1))(sigma, rate)
+  with jax.enable_x64(True):  # (compiled once for the three settings; op by op this took 18 s)
+    d_sigma, d_rate = _estimate_grad(plan, sigma, rate)
   for x, g, f in [(sigma, d_sigma, lambda s: _estimate(plan, s, rate)),
                   (rate, d_rate, lambda q: _estimate(plan, sigma, q))]:
     fds = [(float(f(x + r * x)) - float(f(x - r * x))) / (2 * r * x) for r in (3e-6, 1e-5, 3e-5)]
@@ -165,14 +171,16 @@ def test_differentiating_a_step_count_raises_not_zero(plan):
   """The PLD accountant composes whole steps: d eps / d T does not exist there, and a silent 0
   would mislead a calibration. A traced count that is not differentiated is fine."""
   f = lambda s, t: jaxacct.dpsgd_epsilon(s, 0.02, t, 1e-6, plan=plan).estimate
-  with pytest.raises(ValueError, match="whole steps"):
-    jax.grad(f, argnums=1)(1.3, 300.0)
+  with pytest.raises(ValueError, match="whole steps"):  # (refused as it is traced)
+    jax.jit(jax.grad(f, argnums=1))(1.3, 300.0)
   g_traced_count = jax.jit(jax.grad(f, argnums=0))(1.3, 300.0)
   g = jax.jit(jax.grad(lambda s: f(s, 300)))(1.3)  # (a concrete count; compiled: op by op 20 s)
   assert float(g_traced_count) == pytest.approx(float(g), rel=1e-12) and float(g) < 0.0
   # The CGF accountants take real counts: there d eps / d T exists (and is positive).
   comp = lambda t: jaxacct.Composition.of((jaxacct.PoissonSampled(jaxacct.Gaussian(1.3), 0.02), t))
-  d_steps = jax.grad(lambda t: jaxacct.epsilon(comp(t), 1e-6, accountant="spa").estimate)(300.0)
+  with jax.enable_x64(True):  # (compiled, in a float64 scope: op by op this took 20 s)
+    d_steps = jax.jit(jax.grad(
+        lambda t: jaxacct.epsilon(comp(t), 1e-6, accountant="spa").estimate))(300.0)
   assert float(d_steps) > 0.0
 
 
