@@ -212,3 +212,18 @@ def test_no_clipped_contribution_exceeds_the_clip_norm_at_ten_million_parameters
       out = clipped(c)
       total = sum(float(np.sum(np.asarray(v, np.float64) ** 2)) for v in out.values())
       assert math.sqrt(total) <= c, (c, math.sqrt(total) / c - 1)
+
+
+def test_norms_read_empty_and_bf16_leaves_in_float32():
+  """An empty leaf adds nothing; a bf16 leaf is squared in float32; the norm is within its
+  stated error of the float64 norm."""
+  rng = np.random.default_rng(2)
+  wide = rng.normal(size=(3, 1000))
+  grads = {"empty": jnp.zeros((3, 0)), "half": jnp.asarray(wide, jnp.bfloat16),
+           "full": jnp.asarray(wide[:, :7], jnp.float32)}
+  norms = gradients.global_norms(grads)
+  assert norms.dtype == jnp.float32
+  exact = np.sqrt(np.sum(np.asarray(grads["half"], np.float64) ** 2, axis=1)
+                  + np.sum(np.asarray(grads["full"], np.float64) ** 2, axis=1))
+  assert np.all(np.abs(np.asarray(norms, np.float64) ** 2 / exact ** 2 - 1)
+                <= gradients.norm_error())

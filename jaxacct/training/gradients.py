@@ -50,6 +50,8 @@ def _pairwise_sum(x):
 def _squares_by_example(g):
   """sum_j g_ij^2 of one leaf ([B, ...] -> [B]) in float32 or wider, blocked then pairwise."""
   flat = jnp.reshape(g, (g.shape[0], -1)).astype(jnp.promote_types(g.dtype, jnp.float32))
+  if flat.shape[1] == 0:  # (an empty leaf)
+    return jnp.zeros(flat.shape[0], flat.dtype)
   extra = (-flat.shape[1]) % _BLOCK if flat.shape[1] > _BLOCK else 0
   flat = jnp.pad(flat, ((0, 0), (0, extra)))
   blocks = jnp.sum(jnp.reshape(flat ** 2, (flat.shape[0], -1, min(_BLOCK, flat.shape[1]))), -1)
