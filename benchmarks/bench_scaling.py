@@ -8,7 +8,7 @@ jax_privacy 2.0's clipped-gradient step on one device.
   machine no speed-up is expected, only no blow-up beyond the cost of the collective.
 * Peers, one device, the same batch of 64 rows, float32, SGD: jaxacct's private step (sampler
   "full" over the 64 rows: per-example gradients in one microbatch, clipping, noise, optimiser,
-  ledger), jax_privacy's (``clipped_grad`` + Gaussian noise + the same optimiser) and the
+  ledger), jax_privacy's (``clipped_grad``, the same Gaussian noise and optimiser) and the
   non-private step (the mean loss's gradient), on an MLP 64-128-10 and a convnet (3x3
   convolutions of 16 and 32 channels with 2x2 average pooling on 28 x 28, then dense to 10).
 
@@ -38,6 +38,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from jaxacct import training  # noqa: E402
+from jaxacct.training import gradients  # noqa: E402
 from bench_training import conv_loss, interleaved, mlp_init, mlp_loss  # noqa: E402
 
 SIGMA, CLIP, LR = 1.0, 1.0, 0.1
@@ -128,11 +129,8 @@ def jax_privacy_runner(loss, params, data):
   @jax.jit
   def step(params, opt_state, key):
     key, noise_key = jax.random.split(key)
-    summed = grad(params, data)
-    leaves, tree = jax.tree_util.tree_flatten(summed)
-    keys = jax.random.split(noise_key, len(leaves))
-    noisy = [g + SIGMA * CLIP * jax.random.normal(k, g.shape, g.dtype) for g, k in zip(leaves, keys)]
-    noisy = jax.tree_util.tree_map(lambda g: g / PEER_ROWS, jax.tree_util.tree_unflatten(tree, noisy))
+    noisy = gradients.add_noise(grad(params, data), noise_key, SIGMA * CLIP)  # (same noise)
+    noisy = jax.tree_util.tree_map(lambda g: g / PEER_ROWS, noisy)
     updates, opt_state = optimizer.update(noisy, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, key
   box = [params, optimizer.init(params), jax.random.key(1)]

@@ -29,5 +29,5 @@ from jaxacct.training.step import Ledger, PrivateTrainer, StepMetrics, TrainStat
 
 __all__ = ["Batch", "DPConfig", "Ledger", "PrivacyReport", "PrivateTrainer", "StepMetrics",
            "TrainState", "accounting", "calibrate", "gradients", "mesh", "nnx_loss",
-           "planned_epsilon", "private_aggregate", "private_trainer", "privacy_report", "restore_checkpoint",
-           "save_checkpoint", "worst_case_epsilon"]
+           "planned_epsilon", "private_aggregate", "private_trainer", "privacy_report",
+           "restore_checkpoint", "save_checkpoint", "worst_case_epsilon"]

@@ -91,15 +91,6 @@ class Layout:
       return jnp.array(x, copy=True)
     return jax.make_array_from_process_local_data(self.sharding(), np.asarray(x), np.shape(x))
 
-  def params_specs(self, tree):
-    """Each leaf's own layout where it is on this mesh, else replicated (what ``put`` keeps)."""
-    def spec(x):
-      sharding = getattr(x, "sharding", None)
-      if isinstance(sharding, NamedSharding) and sharding.mesh == self.mesh:
-        return sharding.spec
-      return PartitionSpec()
-    return jax.tree_util.tree_map(spec, tree)
-
   def put(self, tree, specs):
     """``tree`` laid out by ``specs`` (a prefix of it) on the mesh: a transfer, or inside
     ``jit`` a resharding (explicit mesh axes need their inputs laid out as ``shard_map`` reads

@@ -75,9 +75,10 @@ class StepMetrics(NamedTuple):
 class PrivateTrainer(NamedTuple):
   """``init(params, key, data) -> TrainState``; ``step(state, data) -> (state, StepMetrics)``
   (pure: ``jax.jit(trainer.step, donate_argnums=0)``); ``sample(state) -> Batch``, the batch
-  the next step draws (numpy arrays, the same on every process); ``step_on_batch(state, rows, batch) -> (state, StepMetrics)``, that step
-  on the rows ``data[batch.indices]`` gathered by the caller; ``place(data)``, the data (this
-  process's block of it) as arrays split over the mesh's data axis."""
+  the next step draws (numpy arrays, the same on every process); ``step_on_batch(state, rows,
+  batch) -> (state, StepMetrics)``, that step on the rows ``data[batch.indices]`` gathered by
+  the caller; ``place(data)``, the data (this process's block of it) as arrays split over the
+  mesh's data axis."""
 
   init: Callable
   step: Callable
@@ -351,24 +352,24 @@ def private_trainer(config: DPConfig, loss: Callable, optimizer: optax.GradientT
     in_specs = (PartitionSpec(), split, selection_spec, state_specs, PartitionSpec())
     run = layout.over_examples(fn, in_specs=in_specs,
                                out_specs=(PartitionSpec(), state_specs, PartitionSpec()))
-    placed = layout.put((rows, selection, individual, allowed), in_specs[1:])
-    params = layout.put(params, layout.params_specs(params))  # (their own layout kept)
-    return run(params, *placed)
+    # (parameters keep their own layout: replicated over the data axis by init)
+    return run(params, *layout.put((rows, selection, individual, allowed), in_specs[1:]))
+
+  def summed_over_blocks(params, rows, positions, valid, individual, allowed):
+    summed, individual, tally = clip_and_sum(block_pass, params, rows, positions, valid,
+                                             individual, allowed)
+    return layout.total(summed), individual, layout.total(tally)
 
   def on_data_block(params, rows, batch, individual, allowed):
     if mesh is None:
       positions, valid = batch.indices, batch.valid
     else:
       positions, valid = block_members(batch, layout.block_start(block), block, block_buffer)
-    summed, individual, tally = clip_and_sum(block_pass, params, rows, positions, valid,
-                                             individual, allowed)
-    return layout.total(summed), individual, layout.total(tally)
+    return summed_over_blocks(params, rows, positions, valid, individual, allowed)
 
   def on_row_block(params, rows, valid, individual, allowed):
     positions = jnp.arange(valid.shape[0], dtype=jnp.int32)
-    summed, individual, tally = clip_and_sum(block_pass, params, rows, positions, valid,
-                                             individual, allowed)
-    return layout.total(summed), individual, layout.total(tally)
+    return summed_over_blocks(params, rows, positions, valid, individual, allowed)
 
   def finish(state, summed, individual, tally, batch, allowed, keys):
     """Noise, optimiser and ledger after the blocks' sum."""
