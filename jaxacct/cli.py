@@ -10,11 +10,15 @@
     jaxacct epsilon --group-size 4 --noise-multiplier 1 --sampling-rate 0.01 --steps 2000 \
         --delta 1e-6                                   (group-level DP: groups of 4 examples)
     jaxacct epsilon --group-size 4 --sampling fixed --batch-size 500 --dataset-size 50000 ...
+    jaxacct report checkpoints/ --json      (a saved training run's privacy, from its checkpoint)
+    jaxacct --version
 
-Bad input prints one line on stderr and exits with status 2 (every command, ``compare`` too).
+Bad input prints one line on stderr and exits with status 2 (every command, ``compare`` too;
+``report``: a missing directory or checkpoint, or one that cannot be read).
 ``--json`` prints one JSON object: a bound the method does not give is ``null``, an infinite one
 the string ``"inf"`` (no guarantee). Compiled programs are cached in ``~/.cache/jaxacct`` (set
-``JAXACCT_NO_CACHE=1`` to disable) so later runs start faster.
+``JAXACCT_NO_CACHE=1`` to disable) so later runs start faster. Building the parser imports no
+JAX (``--help`` and ``--version`` answer at once): each command imports what it runs.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ import argparse
 import json
 import os
 import sys
+
+from jaxacct import __version__
 
 
 _ACCOUNTANTS = ("pld", "spa", "edgeworth", "gdp", "rdp")
@@ -55,6 +61,7 @@ def _setting_arguments(cmd, steps, when="", kind=float):
 
 def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog="jaxacct", description=__doc__.split("\n")[0])
+  parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
   sub = parser.add_subparsers(dest="command", required=True)
   for name, target in (("epsilon", "--delta"), ("delta", "--epsilon"), ("compare", "--delta")):
     help_text = (f"certified {name} of DP-SGD with Poisson sampling" if name != "compare" else
@@ -96,6 +103,7 @@ def _parser() -> argparse.ArgumentParser:
   _group_arguments(cal, kind=number)
   cal.add_argument("--json", action="store_true", help="print one JSON object on stdout")
   _demo_arguments(sub)
+  _report_arguments(sub)
   return parser
 
 
@@ -150,9 +158,13 @@ def _whole(value):
   return int(value) if value is not None and float(value).is_integer() else value
 
 
+# ``jaxacct.demo.DemoSettings()``'s values (equal: tests/test_cli.py), kept here because the demo
+# module imports JAX.
+_DEMO_DEFAULTS = dict(epsilon=2.0, delta=1e-5, epochs=30, out="jaxacct-demo", seed=0)
+
+
 def _demo_arguments(sub):
-  from jaxacct.demo import DemoSettings
-  default = DemoSettings()
+  default = argparse.Namespace(**_DEMO_DEFAULTS)
   demo = sub.add_parser("demo", help="DP-SGD on scikit-learn's bundled digits with every "
                         "example's privacy accounted in the step; plots and a summary")
   demo.add_argument("--epsilon", type=float, default=default.epsilon,
@@ -171,6 +183,16 @@ def _demo_arguments(sub):
                     help=f"seed of the split, the model and the sampler (default {default.seed})")
   demo.add_argument("--json", action="store_true",
                     help="print the summary as one JSON object on stdout (no progress bar)")
+
+
+def _report_arguments(sub):
+  report = sub.add_parser("report", help="a saved training run's privacy from its checkpoint "
+                          "alone (jaxacct.training.save_checkpoint): certified epsilon of the "
+                          "steps taken, filter guarantee, individual epsilon quantiles")
+  report.add_argument("directory", help="the checkpoint directory of the run")
+  report.add_argument("--step", type=int, default=None,
+                      help="the checkpoint's step (default the newest)")
+  report.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
 
 _OPTIONAL = ("eps_error", "group_size", "batch_size", "dataset_size")  # (None: not given)
@@ -311,6 +333,47 @@ def _demo(args) -> int:
   return 0
 
 
+def _report(args) -> int:
+  """``jaxacct report``: a saved run's privacy (``jaxacct.training.checkpoint_report``)."""
+  from jaxacct.training import checkpoint_report
+  report = checkpoint_report(args.directory, step=args.step)
+  if args.json:
+    print(json.dumps(report))
+    return 0
+  print(_report_text(report))
+  return 0
+
+
+def _report_text(report) -> str:
+  """A checkpoint's report as a few lines (the numbers of ``privacy_report``'s text)."""
+  config, epsilon = report["config"], report["epsilon"]
+  n = config["num_examples"]
+  rate = (config["batch_size"] or n) / n
+  lines = [f"checkpoint {report['checkpoint']} in {report['directory']}: {report['steps']} of "
+           f"{config['steps']} planned steps, delta = {report['delta']:g}",
+           f"  {config['sampler']} sampling, q = {rate:.6g}, sigma = "
+           f"{config['noise_multiplier']:g}, C = {config['clip_norm']:g}, "
+           f"{config['accountant']} accountant",
+           f"  {'epsilon of the steps taken':<28}<= {_shown(epsilon['upper'])}   (certified; "
+           f"lower {_shown(epsilon['lower'])}, estimate {_shown(epsilon['estimate'])})",
+           f"  {'epsilon of the planned run':<28}<= {_shown(report['planned_epsilon'])}"]
+  if report["target_epsilon"] is not None:
+    lines.append(f"  {'target epsilon':<28}{_shown(report['target_epsilon'])}")
+  if report["guarantee"] is not None:
+    lines.append(f"  {'filter guarantee':<28}<= {_shown(report['guarantee'])}   (every example)")
+  if report["refused"]:
+    lines.append(f"  {report['refused']} steps refused (batch buffer overflow)")
+  if report["individual"] is not None:
+    individual = report["individual"]
+    shown = ", ".join(f"{100 * q:g}%: {_shown(v)}" for q, v in zip(individual["quantiles"],
+                                                                   individual["epsilon"]))
+    lines.append(f"  individual epsilon quantiles: {shown}")
+    lines.append(f"  {report['active']} of {config['num_examples']} examples active")
+    lines.append(f"  note: {report['certifies']}")
+  lines += [f"  note: {note}" for note in epsilon["notes"]]
+  return "\n".join(lines)
+
+
 def _enable_compile_cache():
   if os.environ.get("JAXACCT_NO_CACHE"):
     return
@@ -385,9 +448,9 @@ def main(argv=None) -> int:
   _enable_compile_cache()
   import jaxacct
 
-  if args.command == "demo":
+  if args.command in ("demo", "report"):
     try:
-      return _demo(args)
+      return _demo(args) if args.command == "demo" else _report(args)
     except ValueError as err:
       print(f"jaxacct: error: {err}", file=sys.stderr)
       return 2

@@ -11,19 +11,26 @@ into a float32 one (which lowers recorded spending) is a privacy failure. Orbax 
 into a temporary directory and renames it when complete, so a crash mid-save leaves the
 previous checkpoint the latest one. A checkpoint that cannot be read (files deleted or damaged)
 raises ValueError.
+
+``checkpoint_report(directory)`` reads a saved run's privacy without the model code: the ledger's
+arrays alone are restored from the state, its configuration and description from their JSON
+(``jaxacct report DIRECTORY`` on the command line).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxacct.training.accounting import individual_accountant
-from jaxacct.training.step import TrainState, config_differences
+from jaxacct.training.accounting import (QUANTILES, individual_accountant, planned_epsilon,
+                                         privacy_report)
+from jaxacct.training.sampling import DPConfig
+from jaxacct.training.step import Ledger, TrainState, config_differences
 
 # The version of what a checkpoint holds and how its ledger reads; a checkpoint of another
 # version is refused. 2: the ledger's description (accountant spec, array dtypes) is saved.
@@ -38,6 +45,18 @@ def _manager(directory, max_to_keep=None):
                                item_handlers=handlers)
 
 
+def _reader(directory):
+  """A read-only manager of an existing checkpoint directory whose state restores in part (the
+  ledger without the model)."""
+  path = os.path.abspath(os.fspath(directory))
+  if not os.path.isdir(path):
+    raise ValueError(f"{directory} is not a directory")
+  options = ocp.CheckpointManagerOptions(create=False)
+  handlers = dict(state=ocp.PyTreeCheckpointHandler(), config=ocp.JsonCheckpointHandler(),
+                  ledger=ocp.JsonCheckpointHandler())
+  return ocp.CheckpointManager(path, options=options, item_handlers=handlers)
+
+
 def _plain(value):
   """A value through JSON (tuples become lists, numpy scalars Python numbers)."""
   return json.loads(json.dumps(value, default=lambda v: np.asarray(v).tolist()))
@@ -46,17 +65,19 @@ def _plain(value):
 def _arrays(tree):
   """Each array of ``tree`` by its path: "dtype[shape]"."""
   leaves = jax.tree_util.tree_leaves_with_path(tree)
-  return {jax.tree_util.keystr(path).lstrip("."): f"{np.dtype(x.dtype).name}{list(np.shape(x))}"
+  return {jax.tree_util.keystr(path).lstrip("."): f"{np.dtype(x.dtype).name}{list(x.shape)}"
           for path, x in leaves}
 
 
-def ledger_description(state: TrainState) -> dict:
-  """What gives ``state``'s ledger its meaning, as JSON values: the format version, the
-  per-example accountant's spec (None for the worst-case ledger) and the ledger's arrays."""
-  accountant = individual_accountant(state.ledger.config)
+def ledger_description(state) -> dict:
+  """What gives ``state``'s ledger (a train state's, or a ``Ledger``, abstract too) its
+  meaning, as JSON values: the format version, the per-example accountant's spec (None for the
+  worst-case ledger) and the ledger's arrays."""
+  ledger = getattr(state, "ledger", state)
+  accountant = individual_accountant(ledger.config)
   return _plain({"format": FORMAT,
                  "accountant": None if accountant is None else accountant.spec,
-                 "arrays": _arrays(state.ledger)})
+                 "arrays": _arrays(ledger)})
 
 
 def save_checkpoint(directory, state: TrainState, step=None, max_to_keep=None) -> int:
@@ -115,17 +136,39 @@ def _saved_items(manager, step, directory):
     raise _unreadable(step, directory, error) from error
 
 
-def _check_ledger(saved, expected, step, directory):
-  """Refuses a saved ledger description that differs from the run's."""
+def _check_ledger(saved, expected, step, directory, reading=False):
+  """Refuses a saved ledger description that differs from the run's (``reading``: from what
+  this jaxacct reads for the checkpoint's configuration)."""
   if saved.get("format") != FORMAT:
     raise ValueError(f"checkpoint {step} in {directory} has checkpoint format "
                      f"{saved.get('format', 1)}, this jaxacct reads format {FORMAT}: its ledger "
-                     f"cannot be continued here")
+                     f"cannot be {'read' if reading else 'continued'} here")
   differ = _differences(saved, expected)
   if differ:
-    raise ValueError(f"checkpoint {step} in {directory} holds a ledger kept otherwise than this "
-                     f"run's (checkpoint vs run: {'; '.join(differ)}); restoring it would "
-                     f"reinterpret or round its recorded privacy spending")
+    kept, other, harm = (("this jaxacct reads", "this jaxacct", "reading it would reinterpret")
+                         if reading else ("this run's", "run",
+                                          "restoring it would reinterpret or round"))
+    raise ValueError(f"checkpoint {step} in {directory} holds a ledger kept otherwise than "
+                     f"{kept} (checkpoint vs {other}: {'; '.join(differ)}); {harm} its recorded "
+                     f"privacy spending")
+
+
+def _chosen_step(manager, step, directory):
+  """``step`` (default the newest), refused unless it is a complete checkpoint."""
+  step = manager.latest_step() if step is None else int(step)
+  if step is None or step not in manager.all_steps():
+    raise ValueError(f"no complete checkpoint{'' if step is None else f' {step}'} in "
+                     f"{directory}")
+  return step
+
+
+def _descriptions(manager, step, directory):
+  """Checkpoint ``step``'s configuration and ledger description ({} where format 1 saved
+  none)."""
+  described = "ledger" in _saved_items(manager, step, directory)
+  saved = _read(manager, step, directory, config=ocp.args.JsonRestore(),
+                **({"ledger": ocp.args.JsonRestore()} if described else {}))
+  return saved.config, saved.ledger if described else {}
 
 
 def restore_checkpoint(directory, target: TrainState, step=None, rewind=False) -> TrainState:
@@ -138,29 +181,91 @@ def restore_checkpoint(directory, target: TrainState, step=None, rewind=False) -
     raise TypeError(f"target must be a TrainState; got {type(target).__name__}")
   with _manager(directory) as manager:
     latest = manager.latest_step()
-    step = latest if step is None else int(step)
-    if step is None or step not in manager.all_steps():
-      raise ValueError(f"no complete checkpoint{'' if step is None else f' {step}'} in "
-                       f"{directory}")
+    step = _chosen_step(manager, step, directory)
     if step != latest and not rewind:
       raise ValueError(f"checkpoint {step} is older than the newest ({latest}): restoring it "
                        f"rewinds the privacy ledger (pass rewind=True only if the steps since "
                        f"were never released)")
-    described = "ledger" in _saved_items(manager, step, directory)
-    saved = _read(manager, step, directory, config=ocp.args.JsonRestore(),
-                  **({"ledger": ocp.args.JsonRestore()} if described else {}))
-    expected = _plain(target.ledger.config.fingerprint())
-    differ = config_differences(saved.config, expected)
+    config, described = _descriptions(manager, step, directory)
+    differ = config_differences(config, _plain(target.ledger.config.fingerprint()))
     if differ:
       raise ValueError(f"checkpoint {step} in {directory} was written by a run of another "
                        f"configuration (checkpoint vs run: {differ}); refusing to continue its "
                        f"privacy ledger under different settings")
-    # (format 1 saved no description)
-    _check_ledger(saved.ledger if described else {}, ledger_description(target), step, directory)
+    _check_ledger(described, ledger_description(target), step, directory)
     abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, target)
     restored = _read(manager, step, directory, state=ocp.args.StandardRestore(abstract))
   return restored.state
 
 
-__all__ = ["FORMAT", "latest_step", "ledger_description", "restore_checkpoint",
-           "save_checkpoint"]
+def _saved_config(fingerprint, step, directory) -> DPConfig:
+  """The run's configuration from its saved fingerprint."""
+  try:
+    return DPConfig(**fingerprint)
+  except (TypeError, ValueError) as error:
+    raise ValueError(f"checkpoint {step} in {directory} holds a configuration this jaxacct "
+                     f"cannot read ({error})") from None
+
+
+def _abstract_ledger(config: DPConfig) -> Ledger:
+  """The shapes and dtypes of a ledger of ``config`` (its floats in the scope's dtype)."""
+  accountant = individual_accountant(config)
+  count = jax.ShapeDtypeStruct((), np.int32)
+  individual = None if accountant is None else jax.eval_shape(accountant.init)
+  return Ledger(count, count, individual, config)
+
+
+def _saved_ledger(manager, step, directory, config, described) -> Ledger:
+  """Checkpoint ``step``'s ledger alone (numpy arrays; not the model's), once its description
+  is the one this jaxacct reads for ``config``."""
+  abstract = _abstract_ledger(config)
+  _check_ledger(described, ledger_description(abstract), step, directory, reading=True)
+  item = {"ledger": abstract}
+  as_numpy = jax.tree_util.tree_map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item)
+  restored = _read(manager, step, directory,
+                   state=ocp.args.PyTreeRestore(item, as_numpy, partial_restore=True))
+  return restored.state["ledger"]
+
+
+def _number(value):
+  """A float as a JSON value, as ``Bounds.to_dict`` writes one (inf: "inf", nan: None)."""
+  value = float(value)
+  return value if math.isfinite(value) else None if math.isnan(value) else str(value)
+
+
+def checkpoint_report(directory, step=None, quantiles=QUANTILES) -> dict:
+  """A saved run's privacy, as JSON values, without the model code (``jaxacct report``).
+
+  ``privacy_report`` of checkpoint ``step``'s (default the newest) ledger -- ``epsilon``: the
+  certified worst-case epsilon (``Bounds.to_dict``) of the ``steps`` it recorded, at the
+  configuration's ``delta``; ``guarantee``: the epsilon a filter holds every example to;
+  ``individual``: the examples' epsilon ``quantiles``, and what they ``certify``; ``active``
+  examples -- with ``planned_epsilon`` (what the whole planned run certifies), the configuration
+  and the checkpoint's step. Only the ledger's arrays are restored; its configuration and
+  description come from the checkpoint's JSON, and it is read in its own dtype (float64 for an
+  x64 run), by the accountant its description names (refused, naming the field, where this
+  jaxacct would read it otherwise). ValueError when the directory or the checkpoint is missing
+  or cannot be read."""
+  with _reader(directory) as manager:
+    step = _chosen_step(manager, step, directory)
+    fingerprint, described = _descriptions(manager, step, directory)
+    config = _saved_config(fingerprint, step, directory)
+    spec = described.get("accountant") or {}
+    with jax.enable_x64(spec.get("dtype") == "float64"):
+      report = privacy_report(_saved_ledger(manager, step, directory, config, described),
+                              quantiles=quantiles)
+      planned = planned_epsilon(config)
+  individual = None if report.individual is None else {
+      "quantiles": list(report.individual),
+      "epsilon": [_number(value) for value in report.individual.values()]}
+  return {"directory": os.path.abspath(os.fspath(directory)), "checkpoint": step,
+          "steps": report.steps, "refused": report.refused, "delta": report.delta,
+          "epsilon": report.epsilon.to_dict(), "planned_epsilon": _number(planned),
+          "target_epsilon": config.target_epsilon,
+          "guarantee": None if report.guarantee is None else _number(report.guarantee),
+          "individual": individual, "certifies": report.certifies, "active": report.active,
+          "config": _plain(config.fingerprint())}
+
+
+__all__ = ["FORMAT", "checkpoint_report", "latest_step", "ledger_description",
+           "restore_checkpoint", "save_checkpoint"]

@@ -1,0 +1,187 @@
+"""The command line's start (``--help`` / ``--version`` import no JAX; the package imports its
+names on first use) and ``jaxacct report``: a saved training run's privacy from its checkpoint
+alone, the numbers of the training process's ``privacy_report``, and bad input refused."""
+
+import importlib
+import importlib.metadata
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+import jaxacct
+import jaxacct.cli
+from jaxacct import training
+
+REPO = pathlib.Path(__file__).parent.parent
+HEAVY = ("jax", "jaxlib", "numpy", "optax", "orbax", "scipy")
+
+
+def _python(code):
+  """``code`` run by a fresh interpreter on this checkout; its stdout."""
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO),
+                                                                   os.environ.get("PYTHONPATH")])))
+  proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0, proc.stderr
+  return proc.stdout
+
+
+def test_help_and_version_import_no_jax():
+  """The parser is built, ``--help`` and ``--version`` answer, and neither JAX nor NumPy is
+  imported (what keeps them fast; no timing here)."""
+  out = _python(f"""
+      import contextlib, io, sys
+      import jaxacct.cli
+      for argv in (["--help"], ["report", "--help"], ["demo", "--help"], ["--version"]):
+        text = io.StringIO()
+        with contextlib.redirect_stdout(text):
+          try:
+            jaxacct.cli.main(argv)
+          except SystemExit as done:
+            assert done.code == 0, (argv, done.code)
+        if argv == ["--version"]:
+          print(text.getvalue())
+      heavy = sorted(m for m in sys.modules if m.split(".")[0] in {HEAVY!r})
+      assert not heavy, heavy
+      """)
+  assert out.split() == ["jaxacct", importlib.metadata.version("jaxacct")]
+  assert jaxacct.__version__ == importlib.metadata.version("jaxacct")
+  entry = pathlib.Path(sys.executable).parent / "jaxacct"  # the installed console script
+  if entry.exists():
+    proc = subprocess.run([str(entry), "--version"], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.split() == out.split()
+
+
+def test_package_imports_its_names_on_first_use():
+  """``import jaxacct`` imports no JAX; each public name is the object its module defines, and
+  ``dir`` lists them all."""
+  _python("""
+      import sys, jaxacct
+      assert "jax" not in sys.modules and set(jaxacct.__all__) <= set(dir(jaxacct))
+      """)
+  for name in jaxacct.__all__:
+    module = importlib.import_module(jaxacct._EXPORTS[name])
+    expected = module if module.__name__ == f"jaxacct.{name}" else getattr(module, name)
+    assert getattr(jaxacct, name) is expected, name
+  assert jaxacct.results.Bounds is jaxacct.Bounds  # (other submodules too, as before)
+  with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
+    jaxacct.no_such_name  # pylint: disable=pointless-statement
+
+
+def test_demo_option_defaults_are_the_demos():
+  from jaxacct import demo
+  settings = demo.DemoSettings()
+  assert jaxacct.cli._DEMO_DEFAULTS == {k: getattr(settings, k)
+                                        for k in jaxacct.cli._DEMO_DEFAULTS}
+
+
+# ---------------------------------------------------------------------------------------------
+# jaxacct report
+
+N = 32
+
+
+def _loss(params, example):
+  logits = example["x"] @ params["w"] + params["b"]
+  return optax.softmax_cross_entropy_with_integer_labels(logits, example["y"])
+
+
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory):
+  """A tiny run of the README's training example, as DP-GD with the individual GDP filter and a
+  budget, saved after its 3 steps, and its report in the training process."""
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(N, 3)).astype(np.float32) * rng.uniform(0.2, 3.0, size=(N, 1))
+  data = {"x": x, "y": (x[:, 0] > 0).astype(np.int32)}
+  params = {"w": np.zeros((3, 2), np.float32), "b": np.zeros(2, np.float32)}
+  config = training.DPConfig(num_examples=N, sampler="full", noise_multiplier=2.0, clip_norm=0.5,
+                             steps=3, accountant="gdp_filter", target_epsilon=5.0,
+                             microbatch_size=N)
+  trainer = training.private_trainer(config, _loss, optax.adam(0.05))
+  state = trainer.init(params, jax.random.key(0), data)
+  step = jax.jit(trainer.step)
+  for _ in range(config.steps):
+    state, _ = step(state, data)
+  directory = tmp_path_factory.mktemp("run")
+  training.save_checkpoint(directory, state)
+  return directory, training.privacy_report(state), training.planned_epsilon(config)
+
+
+def _report(argv, capsys):
+  assert jaxacct.cli.main(["report", *argv]) == 0
+  return capsys.readouterr().out
+
+
+def test_report_json_is_the_training_processes_report(saved_run, capsys):
+  directory, report, planned = saved_run
+  out = json.loads(_report([str(directory), "--json"], capsys))
+  assert out["epsilon"] == report.epsilon.to_dict()
+  assert (out["steps"], out["refused"], out["delta"], out["active"]) == (
+      report.steps, report.refused, report.delta, report.active) == (3, 0, 1e-5, N)
+  assert (out["guarantee"], out["planned_epsilon"]) == (report.guarantee, planned)
+  assert out["target_epsilon"] == 5.0 and planned <= 5.0
+  assert out["individual"] == {"quantiles": list(report.individual),
+                               "epsilon": list(report.individual.values())}
+  assert out["certifies"] == report.certifies and out["checkpoint"] == 3
+  assert out["config"] == report.config.fingerprint()
+
+
+def test_report_text_shows_the_numbers(saved_run, capsys):
+  directory, report, _ = saved_run
+  out = _report([str(directory), "--step", "3"], capsys)
+  assert f"<= {float(report.epsilon.upper):.6g}" in out
+  assert f"<= {report.guarantee:.6g}" in out
+  assert f"50%: {report.individual[0.5]:.6g}" in out and f"{N} of {N} examples active" in out
+
+
+def _the_run(run):
+  return [str(run)]
+
+
+def _garble(path):
+  path.write_text("{not json")
+
+
+def _drop_arrays(item):
+  for path in item.rglob("*"):
+    if path.is_file() and path.parent.name == "d":
+      path.unlink()
+
+
+def _other_rtol(item):
+  described = json.loads((item / "metadata").read_text())
+  described["accountant"]["rtol"] = 1e-6
+  (item / "metadata").write_text(json.dumps(described))
+
+
+@pytest.mark.parametrize("argv, damage, message", [
+    (lambda run: [str(run.parent / "missing")], None, "is not a directory"),
+    (lambda run: [str(run / "3")], None, "no complete checkpoint in"),
+    (lambda run: [str(run), "--step", "7"], None, "no complete checkpoint 7 in"),
+    (_the_run, ("config", lambda item: _garble(item / "metadata")), "cannot be read"),
+    # (TensorStore's reads still in flight when Orbax gives up report to a closed event loop)
+    pytest.param(_the_run, ("state", _drop_arrays), "cannot be read", marks=pytest.mark.
+                 filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")),
+    (_the_run, ("ledger", _other_rtol), "rtol"),
+])
+def test_report_refuses_bad_input_with_one_line(saved_run, tmp_path, capsys, argv, damage,
+                                                message):
+  run = tmp_path / "run"
+  shutil.copytree(saved_run[0], run)
+  if damage is not None:
+    item, edit = damage
+    edit(run / "3" / item)
+  assert jaxacct.cli.main(["report", *argv(run)]) == 2
+  captured = capsys.readouterr()
+  lines = captured.err.strip().splitlines()
+  assert captured.out == "" and len(lines) == 1
+  assert lines[0].startswith("jaxacct: error: ") and message in lines[0]
