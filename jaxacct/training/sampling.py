@@ -35,6 +35,7 @@ import numpy as np
 
 from jaxacct._inputs import check_choice, check_delta, check_range
 from jaxacct.composition import Composition
+from jaxacct.dp_event import to_dp_event
 from jaxacct.models import Gaussian, PoissonSampled
 
 SAMPLERS = ("poisson", "fixed", "full")
@@ -214,6 +215,18 @@ class DPConfig:
     else:
       model = PoissonSampled(Gaussian(sigma), q)
     return Composition.of((model, steps))
+
+  def dp_event(self, steps=None):
+    """The dp-accounting ``DpEvent`` of ``steps`` (default: the planned T) steps of this run,
+    as it is accounted (``to_dp_event(self.composition(steps))``): Poisson-sampled Gaussians,
+    the "fixed" sampler's steps as Poisson-sampled Gaussians of noise sigma / 2, "full" as
+    Gaussians; add/remove adjacency. A Poisson buffer below N + 1 is refused: its overflow
+    allowance (a delta term) has no ``DpEvent``."""
+    if self.overflow_per_step > 0.0:
+      raise ValueError(f"a Poisson buffer of {self.capacity} (below N + 1) adds an overflow "
+                       "allowance to delta that no DpEvent expresses; use capacity=None to "
+                       "export the run")
+    return to_dp_event(self.composition(steps))
 
   def fingerprint(self) -> dict:
     """The configuration as plain JSON values (what a checkpoint must match)."""
