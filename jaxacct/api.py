@@ -24,11 +24,17 @@ from jaxacct.models import Gaussian, PoissonSampled, SampledGaussianReplaceOne
 from jaxacct.results import Bounds
 
 RELATIONS = ("add_remove", "replace_one")
+"""The neighbouring relations (``relation=``): ``"add_remove"`` (the default: each direction
+composed on its own, the worse reported) and ``"replace_one"`` (dp-accounting's replace-one pair
+of the subsampled Gaussian)."""
 # accountant -> (module with public epsilon/delta, its methods; the first is the default). Only
 # "spa" and "edgeworth" take a ``method``; the others have one method, named here for tables.
 ACCOUNTANTS = {"pld": (_pld, ("pld",)), "spa": (_spa, _spa.METHODS),
                "edgeworth": (_edgeworth, _edgeworth.METHODS),
                "rdp": (_rdp, ("optimal_order",)), "gdp": (_gdp, ("mu",))}
+"""The accountants (``accountant=``), each with its module and its methods (``method=``; the
+first is the default): ``"pld"`` (certified, the default), ``"spa"`` (saddle point),
+``"edgeworth"``, ``"rdp"`` and ``"gdp"``."""
 _PLD_DEFAULTS = dict(eps_error=0.01, delta_error=1e-3)
 
 
@@ -78,8 +84,11 @@ def epsilon(composition, delta, *, accountant="pld", method=None, eps_error=None
       accountants take real counts.
     method: the accountant's estimate; for "spa" one of "clt" (default), "msd0", "msd1"; for
       "edgeworth" the series order "order2" (default), "order1", "order3".
-    eps_error, delta_error, plan, batch_size: the PLD accountant's accuracy plan and batching
-      (see ``jaxacct.pld.epsilon``); refused by the other accountants.
+    eps_error: the PLD accountant's target half-width of its certified bracket (default 0.01;
+      this and the three below as in ``jaxacct.pld.epsilon``, refused by the other accountants).
+    delta_error: the PLD accountant's lower-bound slack in delta, as a fraction of delta.
+    plan: the PLD accountant's accuracy plan (``make_plan``), needed under jit/vmap/grad.
+    batch_size: the PLD accountant's settings per vectorised chunk of a batch (memory bound).
   Returns:
     ``Bounds`` (lower, estimate, upper, status), float64, batched like the inputs.
   """

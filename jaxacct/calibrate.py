@@ -76,11 +76,16 @@ from jaxacct.pld.plan import stack_plans as _pld_stack
 from jaxacct.pld.spectrum import integer_count
 
 UNKNOWNS = ("noise_multiplier", "sampling_rate", "steps")
+"""The DP-SGD parameters a calibration solves for."""
 TARGETS = ("epsilon", "delta")
+"""The budgets a calibration meets (``target=``): an epsilon at a delta, or a delta at an
+epsilon."""
 ACCOUNTANTS = ("pld", "spa", "rdp")  # the accountants that certify an upper bound
+"""The accountants a calibration takes: those that certify an upper bound."""
 # The range searched for each unknown (a bracket is grown from the guess within it).
 DOMAIN = {"noise_multiplier": (1e-3, 1e6), "sampling_rate": (1e-12, 1.0),
           "steps": (1.0, 1e7)}
+"""The range searched for each unknown."""
 # The PLD upper at the answer is aimed this far below the target (relative): two plans' uppers
 # differ by less (the front door's re-aim is the safety net where they do not). The
 # constant-time accountants compute the same function at the front door: only round-off.
@@ -101,6 +106,8 @@ _ROUNDS = 6        # searches (each on one plan) before a calibration gives up
 # The largest accuracy plan a PLD calibration computes on, in grid points (``plan_points``):
 # ~1.8 s per certified value at this size on one busy CPU core (the XLA CPU program uses one).
 MAX_PLAN_POINTS = 2**25
+"""The largest accuracy plan a PLD calibration computes on, in grid points (``plan_points``);
+a calibration that needs a larger one is refused, naming the ``eps_error`` that would fit."""
 # The work of one setting's searches, in grid points read (plan points x evaluations, summed
 # over rounds, a compilation counted as ``_COMPILE_POINTS``): ~30 s on one busy core, so with
 # the start, the compilations and the front door's check a calibration answers or refuses
@@ -108,6 +115,8 @@ MAX_PLAN_POINTS = 2**25
 # allows fewer, and is refused below ``_MIN_EVALUATIONS`` (a search from a start in its window
 # reads ~8-15).
 MAX_WORK_POINTS = 16 * MAX_PLAN_POINTS
+"""The grid points one setting's searches may read in all (about 30 s of CPU); a calibration
+answers within it or refuses."""
 _COMPILE_POINTS = 10**8
 _MIN_EVALUATIONS = 16
 _EPS_ERROR = 0.01  # the PLD accountant's default eps_error (its margin above scales with it)
@@ -1005,9 +1014,12 @@ def _last_whole_step(opts, flat, steps):
 
 _TARGET_DOC = """
   Args:
-    epsilon, delta: the budget. With ``target="epsilon"`` (default) the certified upper epsilon
-      at ``delta`` is kept <= ``epsilon``; with ``target="delta"`` the certified upper delta at
-      ``epsilon`` is kept <= ``delta``.
+    epsilon: the budget's epsilon: with ``target="epsilon"`` (default) the certified upper
+      epsilon at ``delta`` is kept <= ``epsilon``; with ``target="delta"`` the epsilon at which
+      the certified upper delta is kept <= ``delta``.
+    delta: the budget's delta: the delta at which epsilon is read, or with ``target="delta"``
+      the delta budget.
+    target: "epsilon" (default) or "delta": which of the two is the budget to meet.
     accountant: "pld" (default, certified FFT accountant), "spa" or "rdp" (constant time).
     relation: "add_remove" (default) or "replace_one", as in ``jaxacct.dpsgd_epsilon``.
     plan: the PLD accountant's plan (``calibrate.make_plan``); needed under jit/vmap/grad.
@@ -1121,6 +1133,8 @@ def make_plan(unknown, epsilon, delta, *, noise_multiplier=None, sampling_rate=N
 # jaxacct's certifying accountants: Opacus's "prv" (the PRV accountant of Gopi et al. 2021) is
 # served by the certified PLD accountant, "rdp" by RDP at the best continuous order.
 OPACUS_ACCOUNTANTS = {"prv": "pld", "rdp": "rdp", "pld": "pld", "spa": "spa"}
+"""``get_noise_multiplier``'s ``accountant=`` names (Opacus's and jaxacct's) and the certifying
+accountant that serves each: Opacus's "prv" is served by the certified PLD accountant."""
 _GDP_REFUSED = (
     "accountant 'gdp' (Opacus's GaussianAccountant) reads epsilon off the central limit theorem "
     "(Bu et al. 2020: Poisson-subsampled steps taken as mu-GDP with mu = q sqrt(T (e^{1/sigma^2} "

@@ -46,6 +46,8 @@ from jaxacct.cgf import checked, law_moments, query
 from jaxacct.results import Bounds
 
 METHODS = ("order2", "order1", "order3")
+"""The Edgeworth estimates (``method=``; the first is the default): the series to order 1, 2
+or 3."""
 _ORDER = {"order1": 1, "order2": 2, "order3": 3}
 _SCAN = 512          # eps grid points over [0, mean + _SCAN_SDS sd] of the loss under P
 _SCAN_SDS = 40.0

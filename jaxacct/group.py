@@ -278,12 +278,19 @@ def group_epsilon(noise_multiplier, steps, delta, group_size, *, sampling_rate=N
     steps: number of steps (whole numbers for the PLD accountant).
     delta: target delta in (0, 1).
     group_size: k >= 1 (k = 1 is example-level DP).
-    sampling_rate: Poisson sampling probability q; or
-    batch_size, dataset_size: a fixed batch of B drawn from a dataset of at least n examples.
+    sampling_rate: Poisson sampling probability q; or, for a fixed batch, ``batch_size`` and
+      ``dataset_size``.
+    batch_size: B, the size of a fixed batch (with ``dataset_size``, instead of
+      ``sampling_rate``).
+    dataset_size: n, a lower bound on the size of the dataset a fixed batch is drawn from.
     max_group_size: the static number of atoms minus one (default: the largest k given); needed
       under jit/vmap/grad, where k is traced.
-    accountant, method, eps_error, delta_error, plan: as in ``jaxacct.epsilon`` (a plan from
-      ``group_plan`` under jit/vmap/grad).
+    accountant: as in ``jaxacct.epsilon``.
+    method: as in ``jaxacct.epsilon``.
+    eps_error: as in ``jaxacct.epsilon``.
+    delta_error: as in ``jaxacct.epsilon``.
+    plan: as in ``jaxacct.epsilon`` (a plan from ``group_plan`` under jit/vmap/grad).
+
   Array arguments broadcast into a batch: a sweep over k is one call and one compiled program.
   """
   comp = group_composition(noise_multiplier, steps, group_size, sampling_rate=sampling_rate,

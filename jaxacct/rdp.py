@@ -47,7 +47,9 @@ from jaxacct.composition import Composition
 from jaxacct.results import LOWER_VACUOUS, UPPER_FLOORED, Bounds, zero_if
 
 MAX_ORDER = 1.0e4   # largest Renyi order accepted by ``rdp`` and searched by the conversions
+"""The largest Renyi order accepted by ``rdp`` and searched by the conversions."""
 MIN_TILT = 1.0e-3   # smallest alpha - 1 searched by the conversions
+"""The smallest alpha - 1 searched by the conversions."""
 _START = np.log(8.0)  # first iterate of the order search, in log(alpha - 1)
 # Iterations of the order search: interior optima converge in <= 23 over a random sweep of
 # DP-SGD settings, optima at an end of the range in <= 34 (bisection).

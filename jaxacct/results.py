@@ -11,15 +11,31 @@ import numpy as np
 
 # Status bits (combine with |). 0 means every certificate condition held.
 OK = 0
+"""Status 0: every certificate condition held."""
 WINDOW_TOO_SMALL = 1   # composed distribution wider than the FFT window: bounds widened
+"""Status bit 1: the composed privacy loss outgrew the grid's window; the bounds were widened
+(still certified)."""
 BELOW_FLOOR = 2        # requested delta below what the grid resolves: upper = +inf
+"""Status bit 2: the requested delta lies below the grid's numerical floor; ``upper`` is
++inf."""
 LOWER_VACUOUS = 4      # no useful lower bound (reported as nan)
+"""Status bit 4: no lower bound; ``lower`` is nan."""
 APPROXIMATION = 8      # an approximation without certified bounds (lower and upper are nan)
+"""Status bit 8: an approximation with no certified bounds (GDP's central limit; it can
+under-report epsilon); ``lower`` and ``upper`` are nan."""
 UNRELIABLE = 16        # an approximation outside the regime where it is known to be accurate
                        # (without it: within 2.5e-4 x max(1, eps), benchmarks/flag_sweep.py)
+"""Status bit 16: an approximation (saddle point, Edgeworth) outside the regime where it is
+known to be accurate. An estimate without it is within 2.5e-4 x max(1, eps) of the truth."""
 OUT_OF_RANGE = 32      # the answer lies beyond the range the method searches: upper is +inf
+"""Status bit 32: the answer lies beyond the range a constant-time accountant searches; an
+epsilon's ``upper`` is +inf."""
 UPPER_VACUOUS = 64     # the method's error bound is too large for a finite bound (epsilon: +inf)
+"""Status bit 64: the method's error bound is not below delta, so there is no finite upper
+bound: epsilon's ``upper`` is +inf, delta's is 1."""
 UPPER_FLOORED = 128    # delta's upper bound lies below float64's range: reported as its floor
+"""Status bit 128: delta's upper bound lies below float64's range; the smallest normal number
+is reported, a floor rather than an estimate."""
 
 STATUS_TEXT = {
     WINDOW_TOO_SMALL: "composed loss wider than the grid window; bounds widened",
@@ -36,6 +52,8 @@ STATUS_TEXT = {
     UPPER_FLOORED: "delta's upper bound is below float64's range: the smallest normal number "
                    "(2.2e-308) is reported, a floor rather than an estimate",
 }
+"""One line of text for each status bit: the ``notes`` of ``Bounds.to_dict`` (and of the
+command line's ``--json``)."""
 
 
 @jax.tree_util.register_dataclass

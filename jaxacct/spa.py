@@ -46,6 +46,8 @@ from jaxacct.composition import Composition
 from jaxacct.results import Bounds
 
 METHODS = ("clt", "msd0", "msd1")
+"""The saddle-point estimates (``method=``; the first is the default): the SP-CLT and the
+method-of-steepest-descent corrections of orders 0 and 1 (Alghamdi et al.)."""
 _TWO_C = 1.12  # twice the Berry-Esseen constant for non-identical summands (Shevtsova 2010: 0.56)
 # Tilts are searched on this log-spaced grid over [1e-8, 1e3] (the CGF quadrature covers these
 # tilts), then refined by Newton inside the grid cell that holds the root.

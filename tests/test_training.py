@@ -510,26 +510,36 @@ def test_bad_data_is_refused():
         _params(), jax.random.PRNGKey(0), _data())
 
 
-def test_readme_training_example_runs():
-  """The README's training example runs as written; its report is dpsgd_epsilon's and the
-  model learns the (separable) task."""
+def test_docs_training_example_runs(tmp_path, capsys):
+  """The training guide's example (docs/training.md) runs as written; its report is
+  dpsgd_epsilon's, ``jaxacct report`` of its checkpoint prints the same numbers, and the model
+  learns the (separable) task."""
+  import json
   import pathlib
   import re
-  text = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
-  section = text[text.index("## DP training"):]
-  code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+  from jaxacct import cli
+  path = pathlib.Path(__file__).parent.parent / "docs" / "training.md"
+  text = path.read_text()
+  code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
   namespace = {}
-  exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - our own documentation
+  exec(compile(code, str(path), "exec"), namespace)  # noqa: S102 - our own documentation
   state, data = namespace["state"], namespace["data"]
   report = training.privacy_report(state)
   assert report.steps == 300
   assert float(report.epsilon.upper) == float(jaxacct.dpsgd_epsilon(1.0, 0.05, 300, 1e-5).upper)
+  training.save_checkpoint(tmp_path, state)
+  capsys.readouterr()  # (what the example printed)
+  assert cli.main(["report", str(tmp_path), "--json"]) == 0
+  saved = json.loads(capsys.readouterr().out)
+  assert (saved["steps"], saved["delta"]) == (report.steps, report.delta)
+  assert saved["epsilon"] == report.epsilon.to_dict()
   logits = data["x"] @ np.asarray(state.params["w"]) + np.asarray(state.params["b"])
   assert np.mean(np.argmax(logits, axis=1) == data["y"]) > 0.85
   # The mesh example (a mesh of this process's one device) and the host-fed loop after it.
-  for title in ("### On several devices", "### Data that lives on the host"):
+  for title in ("## On several devices", "## Data that lives on the host"):
     block = re.search(r"```python\n(.*?)```", text[text.index(title):], re.S).group(1)
-    exec(compile(block, "README.md", "exec"), namespace)  # noqa: S102
+    exec(compile(block, str(path), "exec"), namespace)  # noqa: S102
   assert int(namespace["state"].ledger.steps) == 4
   assert namespace["trainer"].sample(namespace["state"]).indices.shape == (2001,)
 

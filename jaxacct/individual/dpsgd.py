@@ -77,6 +77,8 @@ CERTIFIES = ("An individual epsilon certifies the example's realised sequence of
              "if it had been fixed in advance, not training that adapts to the data; the "
              "guarantee that holds under full adaptivity is the run's worst-case epsilon (or an "
              "individual filter's).")
+"""What a bucket counter's per-example epsilon certifies
+(``jaxacct.individual.COUNTER_CERTIFIES``), said beside the figures in reports."""
 
 
 @jax.tree_util.register_dataclass

@@ -49,13 +49,18 @@ from jaxacct.individual import _directed, _grid
 from jaxacct.individual._directed import host_round, host_round_all
 
 DEFAULT_RTOL = 1e-9
+"""The relative tolerance by which a filter's ledgers round every charge up (``rtol=``)."""
 # What a filter's figures certify, said where they appear.
 CERTIFIES = ("A filter's guarantee holds under full adaptivity: every example is held to it "
              "whatever the training does. An individual epsilon is what the example has spent so "
              "far by the filter's ledger (its odometer), not a guarantee of its own.")
+"""What a filter's figures certify (``jaxacct.individual.FILTER_CERTIFIES``), said beside them
+in reports."""
 # Renyi orders of ``rdp_filter`` by default: a compact set that holds DP-SGD's optimal orders.
 DEFAULT_ORDERS = (1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0, 20.0, 24.0,
                   32.0, 40.0, 48.0, 64.0, 128.0, 256.0)
+"""The Renyi orders of ``rdp_filter`` by default: a compact set that holds DP-SGD's optimal
+orders."""
 _ODOMETER_POINTS = 2048  # mu grid of the GDP odometer's table
 
 
@@ -252,7 +257,8 @@ def gdp_filter(budget, clip_norm, noise_multiplier, num_examples, may_return=Tru
   Args:
     budget: the mu-GDP budget B > 0 (one for all, or one per example); from a target
       (eps, delta) take ``jaxacct.gdp.mu_of_eps_delta(eps, delta)``.
-    clip_norm: C > 0; noise_multiplier: sigma > 0 (the noise's std is sigma C).
+    clip_norm: C > 0.
+    noise_multiplier: sigma > 0 (the noise's std is sigma C).
     num_examples: N, the dataset size (indices are 0..N-1).
     may_return: True (Alg. 1): an example refused at one step (charged nothing) joins a later
       step that fits its remaining budget. False: the authors' code's monotone active set, an
@@ -406,7 +412,12 @@ def rdp_filter(budget, clip_norm, noise_multiplier, num_examples, may_return=Tru
 
   Args:
     budget: the RDP budget at each order ([orders] or a scalar), e.g. ``rdp_budget(sigma, q, T)``.
-    clip_norm, noise_multiplier, num_examples, may_return, rtol, dtype: as in ``gdp_filter``.
+    clip_norm: as in ``gdp_filter``.
+    noise_multiplier: as in ``gdp_filter``.
+    num_examples: as in ``gdp_filter``.
+    may_return: as in ``gdp_filter``.
+    rtol: as in ``gdp_filter``.
+    dtype: as in ``gdp_filter``.
     sampling_rate: q of Poisson sampling (1: every listed example is in the step).
     orders: the Renyi orders of the ledger.
     sigma_grid: with q < 1, the increasing noise grid (from at most ``noise_multiplier``) onto

@@ -23,6 +23,8 @@ from jaxacct.results import Bounds
 from jaxacct.training.sampling import DPConfig
 
 FILTERS = ("gdp_filter", "rdp_filter")
+"""The ``DPConfig.accountant`` values that run an individual filter (each example leaves
+training when its budget is spent)."""
 
 
 def individual_accountant(config: DPConfig, examples=None):
@@ -167,6 +169,7 @@ class PrivacyReport:
 
 
 QUANTILES = (0.0, 0.1, 0.5, 0.9, 1.0)
+"""The quantiles of the individual epsilons that ``privacy_report`` gives by default."""
 
 
 def privacy_report(ledger, delta=None, quantiles=QUANTILES, device=None) -> PrivacyReport:

@@ -204,6 +204,8 @@ def pad_to(array, multiple, value):
 
 
 class AggregateState(NamedTuple):
+  """The state of ``private_aggregate``: the random key its next noise is drawn from."""
+
   key: jax.Array
 
 
