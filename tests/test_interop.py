@@ -175,6 +175,18 @@ def test_events_that_release_nothing_cost_nothing(event):
   assert accountant.get_epsilon(1e-10) == 0.0 and accountant.get_delta(0.0) == 0.0
 
 
+def test_settings_beyond_the_pld_grid_get_rdps_upper_bound():
+  """A calibration's search may pass through sigma 0.1 (epsilon in the thousands): the PLD
+  cannot plan it, RDP's upper bound answers (not an error); delta 0 gets the pure-DP bound."""
+  accountant = JaxacctAccountant().compose(P(0.02, G(0.1)), 100)
+  rdp = jaxacct.epsilon(jaxacct.dpsgd_composition(0.1, 0.02, 100), 1e-5, accountant="rdp")
+  assert accountant.get_epsilon(1e-5) == float(rdp.upper) > 100.0
+  assert JaxacctAccountant().compose(L(2.0), 3).get_epsilon(0.0) == pytest.approx(1.5, rel=1e-12)
+  assert JaxacctAccountant().compose(G(2.0)).get_epsilon(0.0) == math.inf
+  with pytest.raises(ValueError, match="target_delta"):
+    JaxacctAccountant().compose(G(2.0)).get_epsilon(1.5)
+
+
 def test_rdp_option_matches_dp_accountings_published_gaussian():
   """dp-accounting's RDP case: sigma 4.530877117 gives (1, 1e-6)-DP by RDP (orders on a 1e-3
   grid); jaxacct's RDP at the best continuous order gives at most that, and the certified PLD

@@ -15,7 +15,10 @@ dp-accounting also accepts (a noise multiplier of 0, ``NonPrivateDpEvent``: epsi
 delta = 1). For mechanisms whose privacy loss is bounded (Laplace, randomized response, pure DP,
 subsampled or not) the answers are also capped by the pure-DP bound, the sum over steps of the
 largest loss: delta is 0 beyond it, and it certifies epsilon at deltas below what the PLD's grid
-resolves (where its own upper is +inf). Composition is incremental, as in dp-accounting: each ``compose`` adds to a ledger
+resolves (where its own upper is +inf) and at delta = 0. Where the PLD accountant cannot plan a
+setting (an epsilon in the hundreds or more, far beyond what its grid spans) the RDP upper bound
+answers instead of an error, so a calibration's search can pass through such settings.
+Composition is incremental, as in dp-accounting: each ``compose`` adds to a ledger
 of (mechanism, count) entries (a repeated event adds to its entry's count), and each query
 composes the ledger once (answers are kept until the next ``compose``). The PLD accountant's
 plans share one ``SizeCache`` across every ``JaxacctAccountant`` of the process, so the
@@ -33,7 +36,7 @@ import jax
 import numpy as np
 
 from jaxacct import api, pld
-from jaxacct._inputs import check_choice
+from jaxacct._inputs import check_choice, check_delta, check_epsilon
 from jaxacct.cgf import check_cgf
 from jaxacct.composition import Composition
 from jaxacct.dp_event import event_entries
@@ -69,6 +72,18 @@ def pure_epsilon(composition: Composition) -> float:
       largest = max(float(np.max(np.asarray(model.max_loss(add)))) for add in (False, True))
       total += float(np.max(np.asarray(count))) * largest
   return total
+
+
+def _rdp_or_nothing(kind, composition, target) -> Bounds:
+  """RDP's bounds (an upper bound only) of a composition, or no bound (+inf epsilon, delta 1)
+  where RDP cannot account it either."""
+  try:
+    check_cgf(composition)
+  except ValueError:
+    inf, nan = np.float64(np.inf), np.float64(np.nan)
+    return Bounds(nan, nan, inf if kind == "epsilon" else np.float64(1.0), np.int32(0))
+  query = api.epsilon if kind == "epsilon" else api.delta
+  return query(composition, target, accountant="rdp")
 
 
 def _relation(neighboring_relation):
@@ -156,13 +171,23 @@ class JaxacctAccountant(dp_accounting.PrivacyAccountant):
     return self._answers["pure"]
 
   def _query(self, kind, target) -> Bounds:
-    """The chosen accountant's ``Bounds`` of ``kind`` ("epsilon" or "delta") at ``target``."""
-    if self._accountant == "pld":
-      query = pld.epsilon if kind == "epsilon" else pld.delta
-      options = {} if self._eps_error is None else {"eps_error": self._eps_error}
-      return query(self.composition(), target, size_cache=SHARED_SIZES, **options)
-    query = api.epsilon if kind == "epsilon" else api.delta
-    return query(self.composition(), target, accountant=self._accountant)
+    """The chosen accountant's ``Bounds`` of ``kind`` ("epsilon" or "delta") at ``target``;
+    RDP's (an upper bound) where the PLD accountant cannot plan the setting (a loss spanning
+    more than its grid serves), +inf's where neither can."""
+    if kind == "epsilon":
+      check_delta(target, "target_delta")
+    else:
+      check_epsilon(target, "target_epsilon")
+    composition = self.composition()
+    if self._accountant != "pld":
+      query = api.epsilon if kind == "epsilon" else api.delta
+      return query(composition, target, accountant=self._accountant)
+    query = pld.epsilon if kind == "epsilon" else pld.delta
+    options = {} if self._eps_error is None else {"eps_error": self._eps_error}
+    try:
+      return query(composition, target, size_cache=SHARED_SIZES, **options)
+    except ValueError:  # (the planner's refusal: epsilon far beyond what a grid can serve)
+      return _rdp_or_nothing(kind, composition, target)
 
   def epsilon_bounds(self, target_delta) -> Bounds | None:
     """jaxacct's ``Bounds`` (lower, estimate, upper, status) of epsilon at ``target_delta``;
@@ -183,6 +208,8 @@ class JaxacctAccountant(dp_accounting.PrivacyAccountant):
     any step."""
     if self._non_private:
       return math.inf
+    if target_delta == 0 and self.composition() is not None:
+      return self._pure_epsilon()  # (delta 0: only a bounded loss has a finite epsilon)
     bounds = self.epsilon_bounds(target_delta)
     if bounds is None:
       return 0.0
