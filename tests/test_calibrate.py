@@ -224,22 +224,24 @@ def test_full_batch_calibration_matches_the_gaussian_closed_form(eps, slack):
 
 def test_gradients_match_central_differences():
   """d sigma / d (epsilon, q) on a fixed plan (PLD), and d sigma / d T (real counts, spa), by
-  the implicit-function theorem against central differences."""
+  the implicit-function theorem against central differences. Each accountant traces one
+  program: values and gradients at the centre and the difference points in one batch."""
   plan = calibrate.make_plan("noise_multiplier", 2.0, 1e-5, sampling_rate=0.01, steps=1000)
   sigma = lambda e, q: calibrate.noise_multiplier(e, 1e-5, q, 1000, plan=plan)
-  grads = jax.jit(jax.grad(sigma, argnums=(0, 1)))(2.0, 0.01)
-  # (the four differences in one batch, on the host: float64 inputs, where jit takes float32)
   h_eps, h_q = 1e-3, 1e-6
-  ends = np.asarray(sigma(2.0 + np.array([h_eps, -h_eps, 0.0, 0.0]),
-                          0.01 + np.array([0.0, 0.0, h_q, -h_q])))
-  assert float(grads[0]) == pytest.approx((ends[0] - ends[1]) / (2 * h_eps), rel=1e-4)
-  assert float(grads[1]) == pytest.approx((ends[2] - ends[3]) / (2 * h_q), rel=1e-4)
+  with jax.enable_x64(True):  # (float64 inputs: the differences need them)
+    values, grads = jax.jit(jax.vmap(jax.value_and_grad(sigma, argnums=(0, 1))))(
+        2.0 + jnp.array([0.0, h_eps, -h_eps, 0.0, 0.0]),
+        0.01 + jnp.array([0.0, 0.0, 0.0, h_q, -h_q]))
+  values = np.asarray(values)
+  assert float(grads[0][0]) == pytest.approx((values[1] - values[2]) / (2 * h_eps), rel=1e-4)
+  assert float(grads[1][0]) == pytest.approx((values[3] - values[4]) / (2 * h_q), rel=1e-4)
   by_steps = lambda t: calibrate.noise_multiplier(2.0, 1e-5, 0.01, t, accountant="spa")
   with jax.enable_x64(True):  # (compiled, in a float64 scope: op by op this took 48 s)
-    grad_t = float(jax.jit(jax.grad(by_steps))(1000.0))
-    # Five-point central differences, the five settings in one compiled batch.
-    around = np.asarray(jax.jit(jax.vmap(by_steps))(1000.0 + jnp.arange(-2.0, 3.0)))
-  fd = float(np.dot([1.0, -8.0, 0.0, 8.0, -1.0], around)) / 12.0
+    # Five-point central differences around T = 1000, with the gradient there, in one batch.
+    around, slopes = jax.jit(jax.vmap(jax.value_and_grad(by_steps)))(1000.0 + jnp.arange(-2.0, 3.0))
+  grad_t = float(slopes[2])
+  fd = float(np.dot([1.0, -8.0, 0.0, 8.0, -1.0], np.asarray(around))) / 12.0
   assert grad_t == pytest.approx(fd, rel=1e-4)
   assert grad_t > 0.0
 
