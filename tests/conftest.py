@@ -22,6 +22,18 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
 
 
+# The longest tests (a minute or more each: notebooks, multi-process and mesh runs, the docs'
+# tours, the demo) run first, so the two workers end on short tests and finish together
+# (with them last, one worker idled for a minute while the other ran a notebook).
+_LONGEST_FIRST = ("test_notebooks.py", "test_scale.py", "test_readme.py", "test_demo.py")
+
+
+def pytest_collection_modifyitems(items):
+  rank = lambda item: next((i for i, name in enumerate(_LONGEST_FIRST)
+                            if item.nodeid.split("::")[0].endswith(name)), len(_LONGEST_FIRST))
+  items.sort(key=rank)  # (stable: the order within each group is kept)
+
+
 def gaussian_delta(eps, mu):
   """Exact delta(eps) of the mu-GDP curve (composed Gaussians), in log space for tiny values."""
   a = stats.norm.logcdf(-eps / mu + mu / 2)

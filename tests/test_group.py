@@ -332,16 +332,19 @@ def test_jit_vmap_over_sigma_and_q_and_grad_against_central_differences():
                                plan=plan).upper
 
   with jax.enable_x64(True):
-    batched = np.asarray(jax.vmap(upper)(sigmas, rates))
+    # The two settings and, for each, its four central-difference points: one batch.
+    moves = np.array([[0.0, 0.0], [1.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [0.0, -1.0]]) * 1e-4
+    s_all = (np.asarray(sigmas)[:, None] * (1.0 + moves[:, 0])).ravel()
+    q_all = (np.asarray(rates)[:, None] * (1.0 + moves[:, 1])).ravel()
+    batched = np.asarray(jax.vmap(upper)(s_all, q_all)).reshape(2, 5)
     grads = jax.vmap(jax.grad(upper, argnums=(0, 1)))(sigmas, rates)
     alone = jaxacct.group_epsilon(np.asarray(sigmas), 200, 1e-6, 3,
                                   sampling_rate=np.asarray(rates))
-    np.testing.assert_allclose(batched, np.asarray(alone.upper), rtol=2e-3)
+    np.testing.assert_allclose(batched[:, 0], np.asarray(alone.upper), rtol=2e-3)
     for i in (0, 1):
-      s, q = float(sigmas[i]), float(rates[i])
-      hs, hq = 1e-4 * s, 1e-4 * q
-      fd_s = (float(upper(s + hs, q)) - float(upper(s - hs, q))) / (2 * hs)
-      fd_q = (float(upper(s, q + hq)) - float(upper(s, q - hq))) / (2 * hq)
+      hs, hq = 1e-4 * float(sigmas[i]), 1e-4 * float(rates[i])
+      fd_s = (batched[i, 1] - batched[i, 2]) / (2 * hs)
+      fd_q = (batched[i, 3] - batched[i, 4]) / (2 * hq)
       assert float(grads[0][i]) == pytest.approx(fd_s, rel=2e-2)
       assert float(grads[1][i]) == pytest.approx(fd_q, rel=2e-2)
       assert float(grads[0][i]) < 0.0 < float(grads[1][i])
