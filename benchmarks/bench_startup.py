@@ -1,0 +1,85 @@
+"""First answers: the command line and a one-question process, each in a fresh process.
+
+What a new user meets first (issue 32): every command runs in a new Python process, so process
+start, imports, tracing and compilation are all counted. Each jaxacct command runs twice: with
+an empty compilation cache (a fresh ``HOME``, so ``~/.cache/jaxacct`` is empty) and then warm
+(the same ``HOME``: the programs the first run compiled are read back). Beside them, Opacus's
+``get_noise_multiplier`` (PRV and RDP) in a fresh process, import of torch included, on the
+same setting as ``jaxacct calibrate``'s defaults (epsilon 2, delta 1e-5, q 0.01, 1,000 steps).
+
+Run:  pip install -e ".[bench]"; python benchmarks/bench_startup.py [--repeat N]
+(prints the machine, its load average before each row, and the median of N runs per row).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+BIN = os.path.dirname(sys.executable)
+JAXACCT = [os.path.join(BIN, "jaxacct")]
+COMMANDS = [
+    ("jaxacct --help", JAXACCT + ["--help"], False),
+    ("jaxacct --version", JAXACCT + ["--version"], False),
+    ("jaxacct epsilon --json", JAXACCT + ["epsilon", "--json"], True),
+    ("jaxacct calibrate --json", JAXACCT + ["calibrate", "--json"], True),
+]
+OPACUS = ("from opacus.accountants.utils import get_noise_multiplier; "
+          "print(get_noise_multiplier(target_epsilon=2.0, target_delta=1e-5, sample_rate=0.01, "
+          "steps=1000, accountant={!r}))")
+
+
+def seconds(argv, env):
+  """Wall seconds of one run of ``argv`` (which must succeed)."""
+  start = time.perf_counter()
+  done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+  elapsed = time.perf_counter() - start
+  if done.returncode:
+    raise SystemExit(f"{' '.join(argv)} failed: {done.stderr[-2000:]}")
+  return elapsed
+
+
+def row(name, times):
+  load = os.getloadavg()[0]
+  print(f"{name:42s} {statistics.median(times):8.2f} s   (runs: "
+        f"{', '.join(f'{t:.2f}' for t in times)}; load {load:.2f})", flush=True)
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--repeat", type=int, default=3)
+  args = parser.parse_args()
+  print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
+        f"{platform.python_version()}, load {os.getloadavg()}")
+  base = {k: v for k, v in os.environ.items() if k not in ("JAXACCT_NO_CACHE",
+                                                          "JAX_COMPILATION_CACHE_DIR")}
+  for name, argv, cached in COMMANDS:
+    if not cached:
+      row(name, [seconds(argv, base) for _ in range(args.repeat)])
+      continue
+    empty, warm = [], []
+    for _ in range(args.repeat):
+      with tempfile.TemporaryDirectory() as home:
+        env = dict(base, HOME=home)
+        empty.append(seconds(argv, env))
+        warm.append(seconds(argv, env))
+    row(f"{name} (empty cache)", empty)
+    row(f"{name} (warm cache)", warm)
+  for accountant in ("prv", "rdp"):
+    try:
+      times = [seconds([sys.executable, "-c", OPACUS.format(accountant)], base)
+               for _ in range(args.repeat)]
+    except SystemExit as err:
+      print(f"Opacus {accountant}: not run ({str(err)[:200]})")
+      continue
+    row(f"Opacus get_noise_multiplier ({accountant})", times)
+
+
+if __name__ == "__main__":
+  main()
