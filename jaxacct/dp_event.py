@@ -161,10 +161,10 @@ def _poisson_sampled(event, ev, count, relation):
                     f"(got {type(event.event).__name__})")
     if q == 0.0:
       return []
+    if q == 1.0:
+      return [(_gaussian(event.event, relation), count)]
     sigma = _noise(event.event)
-    if sigma is None:
-      return [(NonPrivate(type(event.event).__name__), count)]
-    model = (_gaussian(event.event, relation) if q == 1.0
+    model = (NonPrivate(type(event.event).__name__) if sigma is None
              else SampledGaussianReplaceOne(sigma, q))
     return [(model, count)]
   inner = _entries(event.event, ev, 1, relation)
@@ -192,17 +192,15 @@ def _entries(event, ev, count, relation):
   return [] if model is None or count == 0 else [(model, count)]
 
 
-def event_entries(event, relation="add_remove", count=1) -> Translation:
-  """The ``Translation`` of ``event`` composed ``count`` times under ``relation`` (as in
-  ``from_dp_event``): its private (model, count) entries and whether a step gives no privacy.
-  Raises ``ValueError`` naming an event jaxacct cannot express under ``relation`` (and why)."""
+def event_entries(event, relation="add_remove") -> Translation:
+  """The ``Translation`` of ``event`` under ``relation`` (as in ``from_dp_event``): its private
+  (model, count) entries and the events whose steps give no privacy. Raises ``ValueError``
+  naming an event jaxacct cannot express under ``relation`` (and why)."""
   check_choice("relation", relation, RELATIONS)
   ev = _events()
   if not isinstance(event, ev.DpEvent):
     raise ValueError(f"a dp_accounting DpEvent is needed; got {type(event).__name__}")
-  if int(count) != count or count < 0:
-    raise ValueError(f"count {count!r} is not a whole number >= 0")
-  entries = _entries(event, ev, int(count), relation)
+  entries = _entries(event, ev, 1, relation)
   private = [(model, n) for model, n in entries if not isinstance(model, NonPrivate)]
   return Translation(private, tuple(m.event for m, _ in entries if isinstance(m, NonPrivate)))
 
@@ -240,10 +238,16 @@ def _cannot_export(model, relation, why):
                     f"{relation!r}: {why}")
 
 
+def _unit_noise(model, noise="sigma"):
+  """A noise parameter per unit of sensitivity: dp-accounting's events have sensitivity 1 (a
+  Gaussian's or Laplace's epsilon depends on noise / sensitivity only)."""
+  return _scalar(noise, getattr(model, noise)) / _scalar("sensitivity", model.sensitivity)
+
+
 def _gaussian_event(ev, model, relation):
-  """A Gaussian of any sensitivity as dp-accounting's unit-sensitivity event (its epsilon
-  depends on sigma / sensitivity only); under replace-one the event's shift is 2."""
-  ratio = _scalar("sigma", model.sigma) / _scalar("sensitivity", model.sensitivity)
+  """A Gaussian of any sensitivity as dp-accounting's unit-sensitivity event; under
+  replace-one the event's shift is 2."""
+  ratio = _unit_noise(model)
   return ev.GaussianDpEvent(2.0 * ratio if relation == "replace_one" else ratio)
 
 
@@ -262,8 +266,7 @@ def _model_event(ev, model, relation):
                            "EpsilonDeltaDpEvent")
     return ev.EpsilonDeltaDpEvent(epsilon, delta)
   if isinstance(model, Laplace) and add_remove:
-    return ev.LaplaceDpEvent(_scalar("scale", model.scale)
-                             / _scalar("sensitivity", model.sensitivity))
+    return ev.LaplaceDpEvent(_unit_noise(model, "scale"))
   if isinstance(model, MixtureOfGaussians) and add_remove:
     sensitivities, probabilities = (np.asarray(model.sensitivities, float),
                                     np.asarray(model.probabilities, float))
@@ -279,10 +282,8 @@ def _model_event(ev, model, relation):
                            f"event (the base is {type(model.base).__name__})")
     return ev.PoissonSampledDpEvent(_scalar("rate", model.rate), inner)
   if isinstance(model, SampledGaussianReplaceOne) and not add_remove:
-    return ev.PoissonSampledDpEvent(
-        _scalar("rate", model.rate),
-        ev.GaussianDpEvent(_scalar("sigma", model.sigma) / _scalar("sensitivity",
-                                                                   model.sensitivity)))
+    return ev.PoissonSampledDpEvent(_scalar("rate", model.rate),
+                                    ev.GaussianDpEvent(_unit_noise(model)))
   if isinstance(model, RandomizedResponse) and not add_remove:
     return ev.RandomizedResponseDpEvent(_scalar("noise", model.noise),
                                         int(_scalar("buckets", model.buckets)))

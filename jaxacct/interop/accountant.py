@@ -123,7 +123,7 @@ class JaxacctAccountant(dp_accounting.PrivacyAccountant):
     self._eps_error = eps_error
     self._ledger_entries = {}  # model key -> [model, count]
     self._non_private = False
-    self._answers = {}
+    self._answers = {}  # what the ledger's current state gives (cleared by each compose)
 
   @property
   def accountant(self) -> str:
@@ -155,9 +155,12 @@ class JaxacctAccountant(dp_accounting.PrivacyAccountant):
     self._answers.clear()
 
   def composition(self) -> Composition | None:
-    """The jaxacct ``Composition`` of what was composed (None before any private step)."""
-    entries = [(model, steps) for model, steps in self._ledger_entries.values() if steps]
-    return Composition.of(*entries) if entries else None
+    """The jaxacct ``Composition`` of what was composed (None before any private step); built
+    once per ledger state."""
+    if "composition" not in self._answers:
+      entries = [(model, steps) for model, steps in self._ledger_entries.values() if steps]
+      self._answers["composition"] = Composition.of(*entries) if entries else None
+    return self._answers["composition"]
 
   def _bounds(self, kind, target) -> Bounds:
     key = (kind, float(target))
