@@ -346,9 +346,9 @@ def _report(args) -> int:
 
 def _report_text(report) -> str:
   """A checkpoint's report as a few lines (the numbers of ``privacy_report``'s text)."""
+  from jaxacct.training import DPConfig
   config, epsilon = report["config"], report["epsilon"]
-  n = config["num_examples"]
-  rate = (config["batch_size"] or n) / n
+  rate = DPConfig(**config).sampling_rate
   lines = [f"checkpoint {report['checkpoint']} in {report['directory']}: {report['steps']} of "
            f"{config['steps']} planned steps, delta = {report['delta']:g}",
            f"  {config['sampler']} sampling, q = {rate:.6g}, sigma = "

@@ -77,16 +77,20 @@ class Bounds:
     """JSON-ready dict for a single (unbatched) result. A bound the method does not give (nan)
     is ``None``; an infinite bound is the string ``"inf"`` (``float("inf")`` reads it back), so
     "no guarantee" (``"upper": "inf"``) and "no lower bound" (``"lower": null``) differ."""
-    out = {}
-    for key in ("lower", "estimate", "upper"):
-      value = float(np.asarray(getattr(self, key)))
-      out[key] = (value if math.isfinite(value) else None if math.isnan(value)
-                  else "inf" if value > 0 else "-inf")
+    out = {key: json_number(getattr(self, key)) for key in ("lower", "estimate", "upper")}
     status = int(np.asarray(self.status))
     out["status"] = status
     out["notes"] = [text for bit, text in STATUS_TEXT.items() if status & bit]
     out.update(extra)
     return out
+
+
+def json_number(value):
+  """A scalar as a JSON value: a finite float as itself, nan (no bound) as None, an infinite one
+  as the string "inf" or "-inf" (``float`` reads it back)."""
+  value = float(np.asarray(value))
+  return (value if math.isfinite(value) else None if math.isnan(value)
+          else "inf" if value > 0 else "-inf")
 
 
 def worst_of(a: Bounds, b: Bounds) -> Bounds:

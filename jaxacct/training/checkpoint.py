@@ -20,13 +20,13 @@ arrays alone are restored from the state, its configuration and description from
 from __future__ import annotations
 
 import json
-import math
 import os
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from jaxacct.results import json_number
 from jaxacct.training.accounting import (QUANTILES, individual_accountant, planned_epsilon,
                                          privacy_report)
 from jaxacct.training.sampling import DPConfig
@@ -227,12 +227,6 @@ def _saved_ledger(manager, step, directory, config, described) -> Ledger:
   return restored.state["ledger"]
 
 
-def _number(value):
-  """A float as a JSON value, as ``Bounds.to_dict`` writes one (inf: "inf", nan: None)."""
-  value = float(value)
-  return value if math.isfinite(value) else None if math.isnan(value) else str(value)
-
-
 def checkpoint_report(directory, step=None, quantiles=QUANTILES) -> dict:
   """A saved run's privacy, as JSON values, without the model code (``jaxacct report``).
 
@@ -257,12 +251,12 @@ def checkpoint_report(directory, step=None, quantiles=QUANTILES) -> dict:
       planned = planned_epsilon(config)
   individual = None if report.individual is None else {
       "quantiles": list(report.individual),
-      "epsilon": [_number(value) for value in report.individual.values()]}
+      "epsilon": [json_number(value) for value in report.individual.values()]}
   return {"directory": os.path.abspath(os.fspath(directory)), "checkpoint": step,
           "steps": report.steps, "refused": report.refused, "delta": report.delta,
-          "epsilon": report.epsilon.to_dict(), "planned_epsilon": _number(planned),
+          "epsilon": report.epsilon.to_dict(), "planned_epsilon": json_number(planned),
           "target_epsilon": config.target_epsilon,
-          "guarantee": None if report.guarantee is None else _number(report.guarantee),
+          "guarantee": None if report.guarantee is None else json_number(report.guarantee),
           "individual": individual, "certifies": report.certifies, "active": report.active,
           "config": _plain(config.fingerprint())}
 
