@@ -222,9 +222,11 @@ def _plan_for(grid, q, steps, delta, eps_error):
 
 @functools.partial(jax.jit, static_argnums=(1,))
 def _stacked_terms(grid, q, plan):
-  """Every grid model's discretised step, transformed once: [directions, grid, ...]."""
+  """Every grid model's discretised step, transformed once, with the logs of its whole spectrum
+  (each example picks its own band): [directions, grid, ...]."""
+  whole = plan.fft_size // 2 + 1
   def one(add):  # (one grid point at a time: memory stays that of one step)
-    return jax.lax.map(lambda s: spectrum.entry_terms(_models(s, q), add, plan), grid)
+    return jax.lax.map(lambda s: spectrum.entry_terms(_models(s, q), add, plan, whole), grid)
   return jax.vmap(one)(jnp.asarray([0.0, 1.0]))
 
 

@@ -75,7 +75,7 @@ def _shared_many(mechanisms, counts, x, plan, chunk, quantity):
   discretised and transformed once, then each setting combines the shared spectra with its
   counts (a count-weighted sum of logs), materialises and is queried."""
   flags = spectrum.directions(Composition(mechanisms, counts[0]))
-  terms = spectrum.entry_terms_by_direction(mechanisms, flags, plan)
+  terms = spectrum.entry_terms_by_direction(mechanisms, flags, plan, plan.fft_size // 2 + 1)
 
   def single(args):
     row, value = args

@@ -155,23 +155,41 @@ def _rotation(phase, k, n):
   return jnp.exp(-2j * math.pi * turns)
 
 
-def entry_terms(mech, add, plan):
+def entry_terms(mech, add, plan, logs=None):
   """What one entry contributes, independent of its count: its discretised step's log spectrum
-  (with its round-off rates), low-band log spectrum, grid position and bookkeeping."""
+  (with its round-off rates) on the first ``logs`` coefficients (default: the plan's band), the
+  transform above them as it is (``high``: its logs are taken only where a composition powers
+  it, see ``_high_band``), the low-band log spectrum, grid position and bookkeeping."""
   n, k0, k1 = plan.fft_size, plan.low_frequencies, plan.band
+  logs = k1 if logs is None else logs
   h = jax.lax.stop_gradient(plan.grid_step)
   step = discretise(mech, add, plan)
   transform = jnp.fft.rfft(step.pmf, n=n)
-  fft_abs = _FFT_ULPS * F64_EPS * math.log2(n) * jnp.sqrt(jnp.sum(step.pmf ** 2))
-  log_f, keep, rate = _log_spectrum(transform, jax.lax.stop_gradient(fft_abs))
+  fft_abs = jax.lax.stop_gradient(
+      _FFT_ULPS * F64_EPS * math.log2(n) * jnp.sqrt(jnp.sum(step.pmf ** 2)))
+  log_f, keep, rate = _log_spectrum(transform[:logs], fft_abs)
   step_log, centre, deviation = low_log_spectrum(step.pmf, n, k0, plan.block)
-  terms = dict(log_f=log_f, keep=keep, rate=rate, low_log=step_log, centre=centre,
-               deviation=deviation, start=step.start, cgf=step_cgf(step, h),
+  terms = dict(log_f=log_f, keep=keep, rate=rate, fft_abs=fft_abs, low_log=step_log,
+               centre=centre, deviation=deviation, start=step.start, cgf=step_cgf(step, h),
                log_finite=step.log_finite, tail=step.tail, moved=step.moved, bias=step.bias,
                max_loss=jnp.asarray(mech.max_loss(add), jnp.float64))
+  if logs < n // 2 + 1:
+    terms["high"] = transform[logs:]
   if k1 < n // 2 + 1:  # the largest |F_k| above the band
     terms["largest"] = jnp.max(jnp.abs(jax.lax.stop_gradient(transform[k1:])))
   return terms
+
+
+def _high_log_spectrum(terms, plan):
+  """``_log_spectrum`` of the entries' coefficients above the band ([entries, n/2 + 1 - band]),
+  from the logs ``entry_terms`` kept and the transform above them."""
+  k1 = plan.band
+  logs = terms["log_f"].shape[-1]
+  parts = [(terms["log_f"][:, k1:], terms["keep"][:, k1:], terms["rate"][:, k1:])]
+  if "high" in terms:
+    parts.append(jax.vmap(_log_spectrum)(terms["high"][:, max(k1 - logs, 0):],
+                                         terms["fft_abs"]))
+  return [jnp.concatenate(p, axis=-1) for p in zip(*parts)]
 
 
 def _weighted(counts, x):
@@ -239,11 +257,12 @@ def stack_entries(entries):
   return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *entries)
 
 
-def entry_terms_by_direction(mechanisms, flags, plan):
+def entry_terms_by_direction(mechanisms, flags, plan, logs=None):
   """``entry_terms`` of the entries, stacked (``stack_entries``), for each direction flag (leading
   axis: [directions, entries, ...]): what a batch of compositions that share these models needs
-  to compute only once."""
-  return jax.vmap(lambda add: stack_entries([entry_terms(mech, add, plan)
+  to compute only once (with ``logs`` = n/2 + 1, also the logs above the band that its settings
+  of few steps power)."""
+  return jax.vmap(lambda add: stack_entries([entry_terms(mech, add, plan, logs)
                                              for mech in mechanisms]))(jnp.asarray(flags))
 
 
@@ -275,9 +294,9 @@ def _high_band(acc, terms, counts, plan, previous=None):
 
   def computed():
     def one(terms, counts):
-      return (_power_sums(_weighted(counts, terms["log_f"][:, k1:]),
-                          _flagged(counts, ~terms["keep"][:, k1:])),
-              _weighted(counts, terms["rate"][:, k1:]))
+      log_f, keep, rate = _high_log_spectrum(terms, plan)
+      return _power_sums(_weighted(counts, log_f), _flagged(counts, ~keep)), _weighted(counts,
+                                                                                      rate)
     spectrum, error = jax.vmap(one)(terms, counts)
     if previous is not None:
       spectrum = spectrum * previous["spectrum"][..., k1:]
