@@ -32,9 +32,9 @@ _EXPORTS = {
                     "jaxacct.models"),
     **dict.fromkeys(("Plan", "PrivacyLossDistribution", "SizeCache"), "jaxacct.pld"),
     "Bounds": "jaxacct.results",
-    **{name: f"jaxacct.{name}" for name in ("calibrate", "cgf", "edgeworth", "gdp", "group",
-                                             "individual", "interop", "pld", "rdp", "spa",
-                                             "training")},
+    **{name: f"jaxacct.{name}" for name in ("calibrate", "cgf", "compile_cache", "edgeworth",
+                                             "gdp", "group", "individual", "interop", "pld",
+                                             "rdp", "spa", "training")},
 }
 
 __all__ = [
@@ -43,8 +43,8 @@ __all__ = [
     "PureDP", "RELATIONS", "RandomizedResponse", "SampledGaussianReplaceOne", "SizeCache",
     "compose", "delta", "dpsgd_composition", "dpsgd_delta", "dpsgd_epsilon", "dpsgd_plan",
     "epsilon", "from_dp_event", "get_noise_multiplier", "group_delta", "group_epsilon",
-    "make_plan", "to_dp_event", "calibrate", "cgf", "edgeworth", "gdp", "group", "individual",
-    "interop", "pld", "rdp", "spa", "training",
+    "make_plan", "to_dp_event", "calibrate", "cgf", "compile_cache", "edgeworth", "gdp", "group",
+    "individual", "interop", "pld", "rdp", "spa", "training",
 ]
 
 

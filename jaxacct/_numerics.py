@@ -16,6 +16,8 @@ import jax.numpy as jnp
 import jax.scipy.special
 import numpy as np
 
+from jaxacct import compile_cache
+
 F64_EPS = float(np.finfo(np.float64).eps)
 # Loss values beyond +-LOSS_BIG carry no mass for any supported model; clamping edges there keeps
 # every intermediate finite (and every gradient free of inf * 0).
@@ -247,7 +249,9 @@ def fast_jit(fn, **kwargs):
   Under a caller's trace the caller compiles everything, and a nested jit would be re-traced by
   batching after the float64 scope has closed (``vmap(jit(f))``). (XLA's CPU option
   ``xla_cpu_use_fusion_emitters=False`` compiled ~40% faster but computed a different, wrong
-  epsilon on some programs, so no compiler options are set.)
+  epsilon on some programs, so no compiler options are set.) The first top-level call turns on
+  the persistent compilation cache (``compile_cache.enable``): the next process reads the
+  programs back instead of compiling them.
   """
   jitted = jax.jit(fn, **kwargs)
   _JITTED.append(jitted)
@@ -256,6 +260,7 @@ def fast_jit(fn, **kwargs):
   def call(*args, **kw):
     if is_traced((args, kw)):
       return fn(*args, **kw)
+    compile_cache.enable()
     release_programs()
     return jitted(*args, **kw)
 

@@ -90,63 +90,83 @@ def bracket_search(evaluate, x0, *, step, lower, upper, iters=60, tol=0.0, whole
   good as the root: one-sided answers need no narrow bracket). Traceable, no gradient (wrap it in
   ``implicit_root`` for one).
 
+  With a numpy ``x0`` (an array of independent searches) the same iteration runs on the host,
+  ``evaluate`` called once per iteration on every search's point (a batch: one call of a
+  compiled accountant), each search frozen once it stops, until all have.
+
   Returns (a, b, aux at a, aux at b, found): both ends evaluated where ``found``; otherwise the
   search reached the end of the domain without a sign change (the function keeps one sign).
   ``count``: the number of evaluations read is appended (what the search cost).
   """
-  x0 = jnp.asarray(x0, jnp.result_type(float))
-  lower, upper = jnp.asarray(lower, x0.dtype), jnp.asarray(upper, x0.dtype)
-  snap = jnp.round if whole else (lambda x: x)
-  aux0 = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype),
-                                jax.eval_shape(lambda x: evaluate(x)[1], x0))
+  host = isinstance(x0, (np.ndarray, np.generic))
+  xp = np if host else jnp
+  x0 = xp.asarray(x0, np.float64 if host else jnp.result_type(float))
+  lower, upper = xp.asarray(lower, x0.dtype), xp.asarray(upper, x0.dtype)
+  snap = xp.round if whole else (lambda x: x)
 
   def narrow(a, b):
     return (b - a <= 1.0) if whole else (b - a <= tol * b)
 
-  def cond(c):
-    return (c["i"] < iters) & ~c["stop"]
-
-  def body(c):
+  def update(c, fx, aux):
     x = c["x"]
-    fx, aux = evaluate(x)
     right = fx >= 0.0  # the root lies at or above x
     zero = fx == 0.0   # (then x is both ends)
     have_a, have_b = c["have_a"] | right, c["have_b"] | ~right | zero
     # Illinois: an end kept twice in a row has its value halved (kept: +1 = b, -1 = a).
-    fa = jnp.where(~right & (c["kept"] < 0), 0.5 * c["fa"], c["fa"])
-    fb = jnp.where(right & (c["kept"] > 0), 0.5 * c["fb"], c["fb"])
-    a, fa = jnp.where(right, x, c["a"]), jnp.where(right, fx, fa)
-    b, fb = jnp.where(right & ~zero, c["b"], x), jnp.where(right & ~zero, fb, fx)
-    aux_a = jax.tree_util.tree_map(lambda n, o: jnp.where(right, n, o), aux, c["aux_a"])
-    aux_b = jax.tree_util.tree_map(lambda n, o: jnp.where(right & ~zero, o, n), aux, c["aux_b"])
+    fa = xp.where(~right & (c["kept"] < 0), 0.5 * c["fa"], c["fa"])
+    fb = xp.where(right & (c["kept"] > 0), 0.5 * c["fb"], c["fb"])
+    a, fa = xp.where(right, x, c["a"]), xp.where(right, fx, fa)
+    b, fb = xp.where(right & ~zero, c["b"], x), xp.where(right & ~zero, fb, fx)
+    aux_a = jax.tree_util.tree_map(lambda n, o: _where(xp, right, n, o), aux, c["aux_a"])
+    aux_b = jax.tree_util.tree_map(lambda n, o: _where(xp, right & ~zero, o, n), aux, c["aux_b"])
     # Next point: outwards while one end is missing, else the bracket's secant point.
-    grow = jnp.exp(jnp.where(right, 1.0, -1.0) * step * 2.0 ** c["k"])
+    grow = xp.exp(xp.where(right, 1.0, -1.0) * step * 2.0 ** c["k"])
     out = snap(x * grow)
     if whole:  # (at least one whole step)
-      out = jnp.where(right, jnp.maximum(out, x + 1.0), jnp.minimum(out, x - 1.0))
-    out = jnp.clip(out, lower, upper)
-    la, lb = jnp.log(a), jnp.log(b)
-    secant = snap(jnp.exp(la + fa / (fa - fb) * (lb - la)))
-    mid = jnp.floor(0.5 * (a + b)) if whole else jnp.exp(0.5 * (la + lb))
-    inside = jnp.isfinite(secant) & (secant > a) & (secant < b)
+      out = xp.where(right, xp.maximum(out, x + 1.0), xp.minimum(out, x - 1.0))
+    out = xp.clip(out, lower, upper)
+    with np.errstate(divide="ignore", invalid="ignore"):
+      la, lb = xp.log(a), xp.log(b)
+      secant = snap(xp.exp(la + fa / (fa - fb) * (lb - la)))
+    mid = xp.floor(0.5 * (a + b)) if whole else xp.exp(0.5 * (la + lb))
+    inside = xp.isfinite(secant) & (secant > a) & (secant < b)
     both = have_a & have_b
-    x_next = jnp.where(both, jnp.where(inside, secant, mid), out)
+    x_next = xp.where(both, xp.where(inside, secant, mid), out)
     stuck = ~both & (out == x)  # at the end of the domain, no sign change
     stop = (both & narrow(a, b)) | zero | stuck
     if ftol is not None:
       on_safe_side = ~right if safe_end == "b" else right
-      stop = stop | (both & on_safe_side & (jnp.abs(fx) <= ftol))
+      stop = stop | (both & on_safe_side & (xp.abs(fx) <= ftol))
     return dict(i=c["i"] + 1, x=x_next, a=a, b=b, fa=fa, fb=fb, aux_a=aux_a, aux_b=aux_b,
-                have_a=have_a, have_b=have_b, k=jnp.where(both, c["k"], c["k"] + 1.0),
-                kept=jnp.where(both, jnp.where(right, 1, -1), 0).astype(jnp.int32), stop=stop)
+                have_a=have_a, have_b=have_b, k=xp.where(both, c["k"], c["k"] + 1.0),
+                kept=xp.where(both, xp.where(right, 1, -1), 0).astype(np.int32), stop=stop)
 
-  no = jnp.zeros((), bool)
-  start = dict(i=jnp.zeros((), jnp.int32), x=snap(x0), a=x0, b=x0, fa=jnp.zeros_like(x0),
-               fb=jnp.zeros_like(x0), aux_a=aux0, aux_b=aux0, have_a=no, have_b=no,
-               k=jnp.zeros_like(x0), kept=jnp.zeros((), jnp.int32), stop=no)
-  c = jax.lax.while_loop(cond, body, start)
+  def start(aux0):
+    no = xp.zeros(x0.shape, bool)
+    return dict(i=xp.zeros(x0.shape, np.int32), x=snap(x0), a=x0, b=x0, fa=xp.zeros_like(x0),
+                fb=xp.zeros_like(x0), aux_a=aux0, aux_b=aux0, have_a=no, have_b=no,
+                k=xp.zeros_like(x0), kept=xp.zeros(x0.shape, np.int32), stop=no)
+
+  zeros = lambda tree: jax.tree_util.tree_map(lambda s: xp.zeros(s.shape, s.dtype), tree)
+  if host:  # (the first values give the aux's shapes)
+    fx, aux = evaluate(snap(x0))
+    c = update(start(zeros(aux)), np.asarray(fx), aux)
+    while np.any(going := (c["i"] < iters) & ~c["stop"]):
+      fx, aux = evaluate(c["x"])
+      new = update(c, np.asarray(fx), aux)
+      c = jax.tree_util.tree_map(lambda n, o, going=going: _where(np, going, n, o), new, c)
+  else:
+    aux0 = zeros(jax.eval_shape(lambda x: evaluate(x)[1], x0))
+    c = jax.lax.while_loop(lambda c: (c["i"] < iters) & ~c["stop"],
+                           lambda c: update(c, *evaluate(c["x"])), start(aux0))
   out = c["a"], c["b"], c["aux_a"], c["aux_b"], c["have_a"] & c["have_b"]
   return out + (c["i"],) if count else out
+
+
+def _where(xp, condition, new, old):
+  """``xp.where`` with ``condition`` [n] over leaves [n, ...] (a batch's aux on the host)."""
+  extra = xp.ndim(new) - xp.ndim(condition)
+  return xp.where(xp.reshape(condition, xp.shape(condition) + (1,) * extra), new, old)
 
 
 def bisect(increasing, lo, hi, steps=30):

@@ -250,26 +250,47 @@ def _start(unknown, target_kind, relation, full_batch, target, other, sigma, q, 
   return jax.lax.stop_gradient(jnp.where(good, value, clt)), jax.lax.stop_gradient(clt)
 
 
-def _runner(unknown, accountant, target_kind, relation, full_batch, with_start):
-  """The compiled search over a flat batch (leaves [settings]): one program per plan and
-  options. ``with_start``: the start is computed inside (``_start``) rather than given."""
+def _runner(unknown, accountant, target_kind, relation, full_batch):
+  """The search under a caller's jit/vmap/grad over a flat batch (leaves [settings]): the start
+  (``_start``) and the certified search in one program, with implicit gradients."""
 
-  def one(margin, target, other, sigma, q, steps, start, plan, low, high, iters):
-    if with_start:
-      start = _start(unknown, target_kind, relation, full_batch, target, other, sigma, q,
-                     steps)[0]
+  def one(margin, target, other, sigma, q, steps, plan, low, high, iters):
+    start = _start(unknown, target_kind, relation, full_batch, target, other, sigma, q, steps)[0]
     return _core(unknown, accountant, target_kind, relation, full_batch, "upper", _STEP, margin,
                  target, other, sigma, q, steps, start, plan, iters, (low, high))
 
-  def run(margin, target, other, sigma, q, steps, start, plan, low, high, iters=_SEARCH):
+  def run(margin, target, other, sigma, q, steps, plan, low, high, iters=_SEARCH):
     # (a plan's leaves: one per setting, or one for all; [low, high]: where each search may
     # read; ``iters``: a float64 scalar, the evaluations each search may read)
     plans = jax.tree.map(lambda leaf: jnp.broadcast_to(leaf, margin.shape), plan)
-    args = (margin, target, other, sigma, q, steps, start, plans, low, high)
-    chunk = None if (accountant == "pld" and jax.default_backend() == "cpu") else 64
-    return jax.lax.map(lambda a: one(*a, iters), args, batch_size=chunk)
+    args = (margin, target, other, sigma, q, steps, plans, low, high)
+    return jax.lax.map(lambda a: one(*a, iters), args, batch_size=_map_chunk(accountant))
 
   return fast_jit(scoped_gradients(run))
+
+
+def _map_chunk(accountant):
+  """Settings per vectorised chunk of a compiled batch: one at a time for the PLD accountant on
+  CPU (see ``jaxacct.pld.accountant``), else 64."""
+  return None if (accountant == "pld" and jax.default_backend() == "cpu") else 64
+
+
+def _reader(accountant, target_kind, relation, full_batch):
+  """The certified bounds of a flat batch of settings, each on its own plan (leaves [settings];
+  one shared plan's broadcast): the host search's values, one program per plan's sizes."""
+  single = _single(accountant, target_kind)
+
+  def run(other, sigma, q, steps, plan):
+    plans = jax.tree.map(lambda leaf: jnp.broadcast_to(leaf, other.shape), plan)
+    one = lambda a: single(_composition(*a[1:4], relation, full_batch), a[0], a[4])
+    return jax.lax.map(one, (other, sigma, q, steps, plans), batch_size=_map_chunk(accountant))
+
+  return fast_jit(run)
+
+
+def _guesser(unknown, target_kind, relation):
+  """``_guess`` compiled over a flat batch."""
+  return fast_jit(jax.vmap(lambda *a: _guess(unknown, *a, relation, target_kind)))
 
 
 def _starter(unknown, target_kind, relation, full_batch):
@@ -285,10 +306,13 @@ def _starter(unknown, target_kind, relation, full_batch):
 _RUNNERS = {}
 
 
+_BUILDERS = {"search": _runner, "start": _starter, "read": _reader, "guess": _guesser}
+
+
 def _compiled(kind, *key):
-  """The compiled search ("search") or start ("start") for these static options."""
+  """The compiled program of ``kind`` (``_BUILDERS``) for these static options."""
   if (kind, key) not in _RUNNERS:
-    _RUNNERS[kind, key] = (_runner if kind == "search" else _starter)(*key)
+    _RUNNERS[kind, key] = _BUILDERS[kind](*key)
   return _RUNNERS[kind, key]
 
 
@@ -380,9 +404,10 @@ class Options:
     """Components of one step's loss model: 2 for the subsampled Gaussian, k + 1 for a group."""
     return self.relation.group_size + 1 if isinstance(self.relation, GroupSteps) else 2
 
-  def key(self, traced):
+  @property
+  def key(self):
     """The static key of the compiled search."""
-    return (self.unknown, self.accountant, self.target, self.relation, self.full_batch, traced)
+    return (self.unknown, self.accountant, self.target, self.relation, self.full_batch)
 
 
 def _options(unknown, target, accountant, relation, known, eps_error):
@@ -551,20 +576,51 @@ def _own_plan(opts, flat, low, high, anchor, fallback, cache):
                 np.array([fitted[j][2] for j in index])), []
 
 
-def _first_window(opts, flat, start, clt, cache):
-  """(the first round's Window, its starts): each setting's window around its start
-  (``_SPREAD`` either side). Where a start's plan does not fit even alone, the central-limit
-  guess's window is tried before refusing (a start may lie far on the costly side)."""
-  window, missing = _own_plan(opts, flat, start / _SPREAD, start * _SPREAD, start, None, cache)
+def _first_window(opts, flat, starts, cache):
+  """(the first round's Window, its starts) from ``_host_starts``' (start, low, high, clt):
+  each setting's window over [low, high]. Where a start's plan does not fit even alone, the
+  central-limit guess's window is tried before refusing (a start may lie far on the costly
+  side)."""
+  start, low, high, clt = starts
+  window, missing = _own_plan(opts, flat, low, high, start, None, cache)
   if not missing:
     return window, start
   moved = start.copy()
   moved[missing] = clt[missing]
   if np.any(moved != start):
-    window, still = _own_plan(opts, flat, moved / _SPREAD, moved * _SPREAD, moved, None, cache)
+    low, high = np.where(moved != start, moved / _SPREAD, low), np.where(moved != start,
+                                                                           moved * _SPREAD, high)
+    window, still = _own_plan(opts, flat, low, high, moved, None, cache)
     if not still:
       return window, moved
   raise _too_large(opts, flat, missing[0], float(start[missing[0]]))
+
+
+def _host_starts(opts, flat):
+  """(start, low, high, central-limit guess) of each setting's first search on concrete inputs.
+
+  The central-limit guess (``_guess``) is optimistic: below the PLD answer's sigma, above its q
+  and T (by 1-25% in sigma, up to 20x in T for few steps). For the PLD accountant the RDP
+  accountant's calibration (certified, constant time, one small program) lies on the other
+  side, 5-30% safer: the search starts at their geometric mean (usually within a few percent)
+  and its first window reaches from one to the other (``_NEAR`` beyond each, at most
+  ``_SPREAD`` from the start). Where RDP finds nothing, the guess with ``_SPREAD`` either side."""
+  margin, target_value, other, sigma, q, steps = flat
+  clt = np.asarray(_compiled("guess", opts.unknown, opts.target, opts.relation)(
+      target_value, other, sigma, q, steps))
+  start, low, high = clt, clt / _SPREAD, clt * _SPREAD
+  if opts.accountant == "pld":
+    rdp_opts = dataclasses.replace(opts, accountant="rdp", eps_error=None)
+    found = _search(rdp_opts, flat, clt, Window(None), _SEARCH)
+    rdp = np.where(found.found, found.value, np.nan)
+    ok = np.isfinite(rdp) & (rdp > 0.0)
+    middle = np.sqrt(clt * np.where(ok, rdp, clt))
+    if opts.unknown == "steps":
+      middle = np.round(middle)
+    start = np.where(ok, middle, clt)
+    low = np.where(ok, np.maximum(start / _SPREAD, np.minimum(clt, rdp) / _NEAR), low)
+    high = np.where(ok, np.minimum(start * _SPREAD, np.maximum(clt, rdp) * _NEAR), high)
+  return start, low, high, clt
 
 
 def _next_window(unknown, value, upper, aim):
@@ -799,15 +855,48 @@ def _search_bounds(opts, window, settings):
 
 
 def _search(opts, flat, x0, window, evaluations):
-  """Every setting's certified search from ``x0`` on ``window``'s plan (one compiled program),
-  within the values it serves (``_search_bounds``), reading at most ``evaluations`` values
-  each."""
-  run = _compiled("search", *opts.key(False))
+  """Every setting's certified search from ``x0`` on ``window``'s plan, within the values it
+  serves (``_search_bounds``), reading at most ``evaluations`` values each: the bracket search
+  runs on the host, each of its reads one call of a compiled accountant for the whole batch
+  (``_read``). The value is the safe end of the final bracket: where the upper was seen below
+  the aim (b for sigma, whose upper falls as it grows; a for q and T)."""
   low, high = _search_bounds(opts, window, np.shape(x0)[0])
-  value, (found, bounds, far_status, far, reads) = run(
-      *flat, x0, window.plan, jnp.asarray(low), jnp.asarray(high), jnp.float64(evaluations))
-  return Found(np.asarray(value), np.asarray(found), jax.tree.map(np.asarray, bounds),
-               np.asarray(far_status), np.asarray(far), np.asarray(reads))
+  sign = 1.0 if opts.unknown == "noise_multiplier" else -1.0
+  margin = np.asarray(flat[0])
+  aim = np.log(np.asarray(flat[1])) + np.log1p(-margin)
+
+  def evaluate(x):
+    bounds = _read(opts, flat, x, window.plan)
+    upper = np.where(np.isnan(bounds.upper), np.inf, bounds.upper)  # (no bound: not below)
+    with np.errstate(divide="ignore"):
+      return sign * (np.log(upper) - aim), bounds
+
+  a, b, at_a, at_b, found, reads = bracket_search(
+      evaluate, np.asarray(x0, np.float64), step=_STEP, lower=low, upper=high, iters=evaluations,
+      tol=_TOL, whole=opts.unknown == "steps", ftol=_FTOL * margin,
+      safe_end="b" if sign > 0 else "a", count=True)
+  value, at, far, far_at = (b, at_b, a, at_a) if sign > 0 else (a, at_a, b, at_b)
+  return Found(value, found, at, far_at.status, far, reads)
+
+
+def _read(opts, flat, x, plan):
+  """The accountant's certified bounds of every setting of a flat batch with the unknown at
+  ``x`` (host arrays). One PLD setting runs the front door's own program
+  (``pld.accountant.single_program``: the calibration and its check compile one), a batch or
+  another accountant ``_reader``'s."""
+  _, _, other, sigma, q, steps = (np.asarray(a, np.float64) for a in flat)
+  known = {"noise_multiplier": sigma, "sampling_rate": q, "steps": steps, opts.unknown: x}
+  if opts.accountant == "pld" and opts.unknown != "steps":
+    known["steps"] = np.round(known["steps"])  # (the PLD accountant composes whole steps)
+  if opts.accountant == "pld" and x.shape == (1,):
+    row = {name: jnp.asarray(value[0]) for name, value in known.items()}
+    comp = _composition(row["noise_multiplier"], row["sampling_rate"], row["steps"],
+                        opts.relation, opts.full_batch)
+    bounds = _pld.single_program(opts.target)(comp, jnp.asarray(other[0]), plan)
+    return jax.tree.map(lambda leaf: np.reshape(np.asarray(leaf), (1,)), bounds)
+  run = _compiled("read", opts.accountant, opts.target, opts.relation, opts.full_batch)
+  bounds = run(jnp.asarray(other), *(jnp.asarray(known[name]) for name in UNKNOWNS), plan)
+  return jax.tree.map(np.asarray, bounds)
 
 
 def _check_found(opts, flat, found, spent, failed):
@@ -937,10 +1026,9 @@ def _traced(opts, flat, plan, shape):
   if opts.accountant == "pld" and plan is None:
     raise ValueError("under jit/vmap/grad the inputs are traced and cannot be used to plan the "
                      "grid: pass plan=jaxacct.calibrate.make_plan(...) for the targets to serve")
-  run = _compiled("search", *opts.key(True))
+  run = _compiled("search", *opts.key)
   lo, hi = (jnp.full(flat[1].shape, end) for end in DOMAIN[opts.unknown])
-  # (the start is computed inside)
-  value, (found, *_) = run(*flat, flat[1], plan, lo, hi, _SEARCH)
+  value, (found, *_) = run(*flat, plan, lo, hi, _SEARCH)
   return jnp.reshape(jnp.where(found, value, jnp.nan), shape)
 
 
@@ -958,9 +1046,9 @@ def _calibrate(unknown, target, accountant, relation, plan, size_cache, epsilon,
     return _traced(opts, flat, plan, shape)
   report, own = progress or _quiet, accountant == "pld" and plan is None
   cache = (size_cache or _SizeCache()) if own else None  # (rounds reuse compiled sizes)
-  report("starting point (saddle-point accountant)")
-  x0, clt = _starts(opts, flat)
-  window, x0 = _first_window(opts, flat, x0, clt, cache) if own else (Window(plan), x0)
+  report("starting point (central limit and RDP)")
+  starts = _host_starts(opts, flat)
+  window, x0 = _first_window(opts, flat, starts, cache) if own else (Window(plan), starts[0])
   spent, sizes, last = 0, frozenset(), None
   last_short = (np.full(x0.shape, np.nan), np.full(x0.shape, np.nan))
   for attempt in range(_ROUNDS):

@@ -11,24 +11,25 @@
         --delta 1e-6                                   (group-level DP: groups of 4 examples)
     jaxacct epsilon --group-size 4 --sampling fixed --batch-size 500 --dataset-size 50000 ...
     jaxacct report checkpoints/ --json      (a saved training run's privacy, from its checkpoint)
+    jaxacct cache --info | --clear          (the compiled programs kept between runs)
     jaxacct --version
 
 Bad input prints one line on stderr and exits with status 2 (every command, ``compare`` too;
 ``report``: a missing directory or checkpoint, or one that cannot be read).
 ``--json`` prints one JSON object: a bound the method does not give is ``null``, an infinite one
-the string ``"inf"`` (no guarantee). Compiled programs are cached in ``~/.cache/jaxacct`` (set
-``JAXACCT_NO_CACHE=1`` to disable) so later runs start faster. Building the parser imports no
-JAX (``--help`` and ``--version`` answer at once): each command imports what it runs.
+the string ``"inf"`` (no guarantee). Compiled programs are cached in ``~/.cache/jaxacct/xla``
+(``jaxacct.compile_cache``: ``$JAXACCT_CACHE_DIR`` moves it, ``JAXACCT_NO_CACHE=1`` turns it
+off, ``jaxacct cache --clear`` empties it) so later runs start faster. Building the parser
+imports no JAX (``--help`` and ``--version`` answer at once): each command imports what it runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
-from jaxacct import __version__
+from jaxacct import __version__, compile_cache
 
 
 _ACCOUNTANTS = ("pld", "spa", "edgeworth", "gdp", "rdp")
@@ -104,6 +105,7 @@ def _parser() -> argparse.ArgumentParser:
   cal.add_argument("--json", action="store_true", help="print one JSON object on stdout")
   _demo_arguments(sub)
   _report_arguments(sub)
+  _cache_arguments(sub)
   return parser
 
 
@@ -193,6 +195,32 @@ def _report_arguments(sub):
   report.add_argument("--step", type=int, default=None,
                       help="the checkpoint's step (default the newest)")
   report.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+
+def _cache_arguments(sub):
+  cache = sub.add_parser("cache", help="the compiled programs kept between runs "
+                         "(jaxacct.compile_cache): where, how many, how large; or clear them")
+  action = cache.add_mutually_exclusive_group()
+  action.add_argument("--info", action="store_true", help="show the cache (the default)")
+  action.add_argument("--clear", action="store_true", help="remove every cached program")
+  cache.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+
+def _cache(args) -> int:
+  """``jaxacct cache``: the cache's directory, files and size, or clear it (no JAX import)."""
+  out = compile_cache.info()
+  if args.clear:
+    out = dict(out, removed=compile_cache.clear(), files=0, bytes=0)
+  if args.json:
+    print(json.dumps(out))
+    return 0
+  state = "on" if out["enabled"] else "off (JAXACCT_NO_CACHE is set)"
+  if args.clear:
+    print(f"removed {out['removed']} cached programs from {out['directory']}")
+  else:
+    print(f"compiled programs: {out['directory']} ({state})\n  {out['files']} files, "
+          f"{out['bytes'] / 2**20:.1f} MiB (clear with: jaxacct cache --clear)")
+  return 0
 
 
 _OPTIONAL = ("eps_error", "group_size", "batch_size", "dataset_size")  # (None: not given)
@@ -374,19 +402,6 @@ def _report_text(report) -> str:
   return "\n".join(lines)
 
 
-def _enable_compile_cache():
-  if os.environ.get("JAXACCT_NO_CACHE"):
-    return
-  import jax
-  path = os.path.join(os.path.expanduser("~"), ".cache", "jaxacct", "xla")
-  try:
-    os.makedirs(path, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
-  except (OSError, AttributeError):
-    pass  # a read-only home or an older JAX: run without the cache
-
-
 def _query(jaxacct, args, accountant, method=None):
   """The requested quantity by one accountant (raises ValueError on bad input)."""
   common = dict(relation=args.relation, accountant=accountant, method=method)
@@ -445,7 +460,9 @@ def main(argv=None) -> int:
   if hasattr(args, "sampling_rate"):  # (None: not given; the default rate is 0.01)
     args.rate_given = args.sampling_rate is not None
     args.sampling_rate = 0.01 if args.sampling_rate is None else args.sampling_rate
-  _enable_compile_cache()
+  if args.command == "cache":
+    return _cache(args)
+  compile_cache.enable(min_compile_secs=0.0)  # (every program: this process is the command's)
   import jaxacct
 
   if args.command in ("demo", "report"):

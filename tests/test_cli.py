@@ -61,6 +61,38 @@ def test_help_and_version_import_no_jax():
     assert proc.stdout.split() == out.split()
 
 
+def test_the_cache_is_the_librarys_too_and_the_command_shows_and_clears_it(tmp_path):
+  """A library call turns JAX's persistent cache on at ``JAXACCT_CACHE_DIR`` (a user's own JAX
+  cache directory is kept; ``JAXACCT_NO_CACHE`` turns it off); ``jaxacct cache`` reports the
+  directory, its files and bytes, and ``--clear`` empties it, importing no JAX."""
+  env = {k: v for k, v in os.environ.items() if k not in (
+         "JAXACCT_NO_CACHE", "JAX_COMPILATION_CACHE_DIR")}  # (the test session sets both)
+  env["JAXACCT_CACHE_DIR"] = str(tmp_path / "programs")
+  code = ("import jax, jaxacct; jaxacct.dpsgd_epsilon(1.0, 0.01, 100, 1e-5, accountant='rdp'); "
+          "print(jax.config.jax_compilation_cache_dir)")
+  run = lambda env: subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                                   text=True, timeout=120, check=True).stdout.strip()
+  assert run(env) == str(tmp_path / "programs")
+  assert run(dict(env, JAX_COMPILATION_CACHE_DIR=str(tmp_path / "mine"))) == str(tmp_path / "mine")
+  assert run(dict(env, JAXACCT_NO_CACHE="1")) == "None"
+  shown = tmp_path / "shown"  # (the run above may have cached a program: not counted here)
+  shown.mkdir()
+  (shown / "a-cache").write_bytes(b"12345")
+  (shown / "b-cache").write_bytes(b"678")
+  out = _python(f"""
+      import contextlib, io, os, sys
+      import jaxacct.cli
+      os.environ["JAXACCT_CACHE_DIR"] = {str(shown)!r}
+      os.environ.pop("JAXACCT_NO_CACHE", None)
+      for argv in (["cache", "--json"], ["cache", "--clear", "--json"], ["cache", "--json"]):
+        assert jaxacct.cli.main(argv) == 0
+      assert not {{m.split(".")[0] for m in sys.modules}} & {set(HEAVY)!r}
+      """)
+  before, cleared, after = map(json.loads, out.splitlines())
+  assert before == {"directory": str(shown), "enabled": True, "files": 2, "bytes": 8}
+  assert cleared["removed"] == 2 and after["files"] == 0 and shown.is_dir()
+
+
 def test_package_imports_its_names_on_first_use():
   """``import jaxacct`` imports no JAX; each public name is the object its module defines, and
   ``dir`` lists them all."""

@@ -196,7 +196,8 @@ def _is_number(v):
 def test_cli_caches_compiled_programs_unless_told_not_to(tmp_path):
   """The command caches compiled programs under ~/.cache/jaxacct; JAXACCT_NO_CACHE turns it off
   (the test session sets it, so tests never write into the user's cache)."""
-  env = {k: v for k, v in os.environ.items() if k != "JAXACCT_NO_CACHE"}
+  env = {k: v for k, v in os.environ.items() if k not in (
+         "JAXACCT_NO_CACHE", "JAX_COMPILATION_CACHE_DIR")}  # (the test session sets both)
   env["HOME"] = str(tmp_path)
   argv = ["epsilon", "--accountant", "spa", "--steps", "3000", "--json"]
   assert _run_cli(*argv, env=env).returncode == 0

@@ -67,6 +67,13 @@ def _mapped(single):
 _RUNNERS = {"epsilon": (fast_jit(scoped_gradients(_epsilon_single)), _mapped(_epsilon_single)),
             "delta": (fast_jit(scoped_gradients(_delta_single)), _mapped(_delta_single))}
 _QUERIES = {"epsilon": epsilon_from_pld, "delta": delta_from_pld}
+
+
+def single_program(quantity):
+  """The compiled accountant of one setting that the front door runs: fn(composition, x, plan)
+  -> Bounds of ``quantity`` ("epsilon" at delta = x, or "delta" at epsilon = x). A caller that
+  reads single settings on its own plans (calibration's search) shares its compilations."""
+  return _RUNNERS[quantity][0]
 _compose = fast_jit(scoped_gradients(_compose_pure))
 
 

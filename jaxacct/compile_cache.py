@@ -1,0 +1,90 @@
+"""Where jaxacct keeps its compiled programs between processes, and how to see and clear it.
+
+A certified PLD program takes 1-2 s to compile on a CPU core; JAX's persistent compilation
+cache writes it to disk so that the next process reads it back instead. Every entry point
+turns the cache on: the command line at start, the library at its first compiled call
+(``enable``). The location is ``$JAXACCT_CACHE_DIR``, else ``~/.cache/jaxacct/xla``; where the
+user has set JAX's own ``jax_compilation_cache_dir`` (or ``JAX_COMPILATION_CACHE_DIR``) that
+one is used and left alone, and ``JAXACCT_NO_CACHE=1`` turns jaxacct's off. Note that the cache
+is JAX's, process-wide: once jaxacct has turned it on, the process's other programs that take
+longer than JAX's threshold to compile are cached there too.
+
+Only ``enable`` imports JAX: ``jaxacct cache --info`` and ``--clear`` answer at once.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+_ENABLED = []  # (the directory enable() settled on, once per process: None when off)
+
+
+def directory() -> str:
+  """The directory jaxacct's cache uses: ``$JAXACCT_CACHE_DIR``, else ``~/.cache/jaxacct/xla``."""
+  chosen = os.environ.get("JAXACCT_CACHE_DIR")
+  return chosen or os.path.join(os.path.expanduser("~"), ".cache", "jaxacct", "xla")
+
+
+def disabled() -> bool:
+  """Whether ``JAXACCT_NO_CACHE`` turns jaxacct's cache off (set to anything but "" or "0")."""
+  return os.environ.get("JAXACCT_NO_CACHE", "") not in ("", "0")
+
+
+def enable(min_compile_secs=None):
+  """Turns JAX's persistent compilation cache on at ``directory()`` (once per process; cheap
+  after the first call) and returns the directory in use, or None where it stays off: the
+  user's own JAX cache directory is kept as it is, ``JAXACCT_NO_CACHE`` turns it off, and a
+  directory that cannot be created leaves the process uncached. ``min_compile_secs``: cache
+  only programs that took longer to compile (JAX's default where None; the command line caches
+  every program, since its process is its own)."""
+  if _ENABLED:
+    return _ENABLED[0]
+  import jax  # pylint: disable=import-outside-toplevel
+
+  users = jax.config.jax_compilation_cache_dir
+  if users or disabled():
+    _ENABLED.append(users or None)
+    return _ENABLED[0]
+  path = directory()
+  try:
+    os.makedirs(path, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", path)
+    if min_compile_secs is not None:
+      jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_secs))
+  except OSError:
+    path = None  # (a read-only home: run without the cache)
+  _ENABLED.append(path)
+  return path
+
+
+def info() -> dict:
+  """The cache's ``directory``, whether jaxacct would use it (``enabled``: not turned off by
+  ``JAXACCT_NO_CACHE``), and the ``files`` and ``bytes`` it holds."""
+  path = directory()
+  files = size = 0
+  for root, _, names in os.walk(path):
+    for name in names:
+      try:
+        size += os.path.getsize(os.path.join(root, name))
+        files += 1
+      except OSError:
+        continue  # (removed meanwhile by another process)
+  return {"directory": path, "enabled": not disabled(), "files": files, "bytes": size}
+
+
+def clear() -> int:
+  """Removes every file of the cache directory (the directory stays); the number removed. A
+  process that runs meanwhile only compiles again what it no longer finds."""
+  path = directory()
+  removed = info()["files"]
+  if os.path.isdir(path):
+    for entry in os.scandir(path):
+      if entry.is_dir(follow_symlinks=False):
+        shutil.rmtree(entry.path, ignore_errors=True)
+      else:
+        try:
+          os.remove(entry.path)
+        except OSError:
+          removed -= 1
+  return removed
