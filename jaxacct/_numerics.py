@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import jax.scipy.special
 import numpy as np
 
-from jaxacct import compile_cache
+from jaxacct import _exported, compile_cache
 
 F64_EPS = float(np.finfo(np.float64).eps)
 # Loss values beyond +-LOSS_BIG carry no mass for any supported model; clamping edges there keeps
@@ -243,7 +243,7 @@ _JITTED = []  # every program-compiling function of the package (see release_pro
 PROGRAM_BUDGET = 48
 
 
-def fast_jit(fn, **kwargs):
+def fast_jit(fn, exported=None, **kwargs):
   """``jax.jit`` at the top level; under a caller's transformation, ``fn`` itself.
 
   Under a caller's trace the caller compiles everything, and a nested jit would be re-traced by
@@ -251,7 +251,9 @@ def fast_jit(fn, **kwargs):
   ``xla_cpu_use_fusion_emitters=False`` compiled ~40% faster but computed a different, wrong
   epsilon on some programs, so no compiler options are set.) The first top-level call turns on
   the persistent compilation cache (``compile_cache.enable``): the next process reads the
-  programs back instead of compiling them.
+  programs back instead of compiling them. ``exported``, a name unique to ``fn`` (for positional
+  arguments only): the next process also skips the tracing (``_exported``: a warm first
+  answer's main cost).
   """
   jitted = jax.jit(fn, **kwargs)
   _JITTED.append(jitted)
@@ -262,6 +264,8 @@ def fast_jit(fn, **kwargs):
       return fn(*args, **kw)
     compile_cache.enable()
     release_programs()
+    if exported and not kw:
+      return _exported.call(exported, fn, jitted, args)
     return jitted(*args, **kw)
 
   return call
@@ -272,6 +276,7 @@ def release_programs(budget=None):
   (default ``PROGRAM_BUDGET``) are held, so a process that plans many distinct grids stays within
   the kernel's memory-map limit. Results do not change: a dropped program is compiled again."""
   budget = PROGRAM_BUDGET if budget is None else budget
-  if sum(jitted._cache_size() for jitted in _JITTED) > budget:
+  if sum(jitted._cache_size() for jitted in _JITTED) + len(_exported.PROGRAMS) > budget:
     for jitted in _JITTED:
       jitted.clear_cache()
+    _exported.PROGRAMS.clear()

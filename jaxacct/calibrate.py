@@ -285,12 +285,14 @@ def _reader(accountant, target_kind, relation, full_batch):
     one = lambda a: single(_composition(*a[1:4], relation, full_batch), a[0], a[4])
     return jax.lax.map(one, (other, sigma, q, steps, plans), batch_size=_map_chunk(accountant))
 
-  return fast_jit(run)
+  return fast_jit(run, exported=f"calibrate.read.{accountant}.{target_kind}.{relation!r}."
+                               f"{full_batch}")
 
 
 def _guesser(unknown, target_kind, relation):
   """``_guess`` compiled over a flat batch."""
-  return fast_jit(jax.vmap(lambda *a: _guess(unknown, *a, relation, target_kind)))
+  return fast_jit(jax.vmap(lambda *a: _guess(unknown, *a, relation, target_kind)),
+                  exported=f"calibrate.guess.{unknown}.{target_kind}.{relation!r}")
 
 
 def _starter(unknown, target_kind, relation, full_batch):

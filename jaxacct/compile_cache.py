@@ -1,13 +1,18 @@
 """Where jaxacct keeps its compiled programs between processes, and how to see and clear it.
 
 A certified PLD program takes 1-2 s to compile on a CPU core; JAX's persistent compilation
-cache writes it to disk so that the next process reads it back instead. Every entry point
-turns the cache on: the command line at start, the library at its first compiled call
-(``enable``). The location is ``$JAXACCT_CACHE_DIR``, else ``~/.cache/jaxacct/xla``; where the
-user has set JAX's own ``jax_compilation_cache_dir`` (or ``JAX_COMPILATION_CACHE_DIR``) that
-one is used and left alone, and ``JAXACCT_NO_CACHE=1`` turns jaxacct's off. Note that the cache
-is JAX's, process-wide: once jaxacct has turned it on, the process's other programs that take
-longer than JAX's threshold to compile are cached there too.
+cache writes it to disk so that the next process reads it back instead. The programs of a
+first answer (the front door's PLD accountant, the calibration's reads) are also exported once
+(``jax.export``, into ``exports/`` in jaxacct's directory), so that a later process skips
+tracing them (~0.6 s each): a warm first answer then costs little more than the imports.
+
+Every entry point turns the cache on: the command line at start, the library at its first
+compiled call (``enable``). The location is ``$JAXACCT_CACHE_DIR``, else
+``~/.cache/jaxacct/xla``; where the user has set JAX's own ``jax_compilation_cache_dir`` (or
+``JAX_COMPILATION_CACHE_DIR``) the compiled programs go there (that setting is left alone; the
+exports stay in jaxacct's directory), and ``JAXACCT_NO_CACHE=1`` turns off all that jaxacct
+writes. Note that the cache is JAX's, process-wide: once jaxacct has turned it on, the
+process's other programs that take longer than JAX's threshold to compile are cached too.
 
 Only ``enable`` imports JAX: ``jaxacct cache --info`` and ``--clear`` answer at once.
 """

@@ -93,6 +93,31 @@ def test_the_cache_is_the_librarys_too_and_the_command_shows_and_clears_it(tmp_p
   assert cleared["removed"] == 2 and after["files"] == 0 and shown.is_dir()
 
 
+def test_a_later_process_reads_the_saved_exports_and_answers_the_same(tmp_path):
+  """With the cache on, the front door's PLD program and the calibration's are exported once
+  and saved; a later process reads them back (no tracing) and answers exactly as a process
+  without any cache does."""
+  env = {k: v for k, v in os.environ.items() if k not in (
+         "JAXACCT_NO_CACHE", "JAX_COMPILATION_CACHE_DIR")}
+  env["JAXACCT_CACHE_DIR"] = str(tmp_path)
+  code = textwrap.dedent("""
+      import jaxacct
+      from jaxacct import _exported
+      bounds = jaxacct.dpsgd_epsilon(1.0, 0.02, 300, 1e-6)
+      sigma = jaxacct.calibrate.noise_multiplier(2.0, 1e-6, 0.02, 300)
+      print(repr([float(bounds.lower), float(bounds.upper), float(sigma)]))
+      print(sorted(name for name, program in _exported.PROGRAMS.items() if program))
+      """)
+  run = lambda env: subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                                   text=True, timeout=300, check=True).stdout.splitlines()
+  files = lambda: {path.stem: path.stat().st_mtime_ns for path in (tmp_path / "exports").iterdir()}
+  first = run(env)
+  saved = files()
+  assert len(saved) >= 3 and eval(first[1]) == sorted(saved)  # pylint: disable=eval-used
+  assert run(env) == first and files() == saved  # (read back: nothing exported again)
+  assert run(dict(env, JAXACCT_NO_CACHE="1"))[0] == first[0]
+
+
 def test_package_imports_its_names_on_first_use():
   """``import jaxacct`` imports no JAX; each public name is the object its module defines, and
   ``dir`` lists them all."""

@@ -64,8 +64,10 @@ def _mapped(single):
   return fast_jit(scoped_gradients(run, nondiff_argnums=(3,)), static_argnums=(3,))
 
 
-_RUNNERS = {"epsilon": (fast_jit(scoped_gradients(_epsilon_single)), _mapped(_epsilon_single)),
-            "delta": (fast_jit(scoped_gradients(_delta_single)), _mapped(_delta_single))}
+_RUNNERS = {"epsilon": (fast_jit(scoped_gradients(_epsilon_single), exported="pld.epsilon"),
+                        _mapped(_epsilon_single)),
+            "delta": (fast_jit(scoped_gradients(_delta_single), exported="pld.delta"),
+                      _mapped(_delta_single))}
 _QUERIES = {"epsilon": epsilon_from_pld, "delta": delta_from_pld}
 
 
