@@ -8,11 +8,12 @@ DP-SGD parameter at which the accountant's *certified upper bound* meets the tar
 * ``steps``: the largest whole number of steps with upper <= target.
 
 Method. The residual is log(upper / target), close to linear in log sigma (log q, log T). The
-search starts from the saddle-point accountant's estimate calibrated the same way (constant
-time), itself started from the central-limit (GDP) mu of Bu et al. (2020); it grows a bracket
-from there and shrinks it by the Illinois secant (``_solver.bracket_search``: values only, since
-a slope costs about as much as another certified value; one loop, so the accountant is compiled
-once). The value returned
+search grows a bracket from a start and shrinks it by the Illinois secant
+(``_solver.bracket_search``: values only, since a slope costs about as much as another
+certified value). On concrete inputs it runs on the host, each read one call of a compiled
+accountant (one PLD setting reads through the front door's own program, so the search and the
+check compile one), or, for a PLD batch, as one compiled loop in which each setting stops on
+its own; under a caller's jit/vmap/grad it is one compiled loop. The value returned
 is the bracket end at which the upper bound was *evaluated* on the target's safe side, aimed at
 ``(1 - margin)`` times the target so that the front door's own plan (which may differ a little
 from the calibration's) also stays below it; on the host the answer is then checked by the
@@ -21,13 +22,16 @@ front door itself. The root is differentiated by the implicit-function theorem
 whole steps, so with it d / d steps raises; the saddle-point and RDP accountants take real
 counts).
 
-Start. The saddle-point estimate is used where it is one: a value the saddle point flags as
-out of its range (or vacuous), or more than 10x from the central-limit guess, is no estimate
-(at delta 1e-12 it can be 1e-4 of the answer), and the guess is used instead.
+Start. On concrete inputs (``_host_starts``): between the central-limit (GDP) guess of Bu et
+al. (2020), optimistic, and RDP's calibrated value, conservative, at their geometric mean
+(usually within a few percent of the PLD answer; RDP is one small program). Under tracing:
+the saddle-point accountant's estimate calibrated the same way, from the central-limit guess,
+where it is one (a value the saddle point flags as out of its range or vacuous, or more than
+10x from the guess, is no estimate: at delta 1e-12 it can be 1e-4 of the answer).
 
 Plans. The PLD accountant needs an accuracy plan that serves every value the search visits. With
-concrete inputs it is made here, one per setting, for a window around the start (within 15%),
-and remade when the answer lies at the window's edge: the next window reaches past that edge
+concrete inputs it is made here, one per setting, for a window around the start (reaching from
+the central-limit guess to RDP's value, at most 15% from the start), and remade when the answer lies at the window's edge: the next window reaches past that edge
 towards larger epsilon as far as the certified upper there says the target may lie (epsilon
 falls at least as fast as 1 / sigma, 1 / q and 1 / sqrt(T)), never around the old one (a
 window of a wide range of sigma takes the finest grid of its largest sigma and the loss range
@@ -63,7 +67,7 @@ from jaxacct import results
 from jaxacct import spa as _spa
 from jaxacct._inputs import (check_choice, check_delta, check_epsilon, check_range,
                              check_unused, check_whole)
-from jaxacct._numerics import fast_jit, float64, is_traced, scoped_gradients
+from jaxacct._numerics import array_namespace, fast_jit, float64, is_traced, scoped_gradients
 from jaxacct._solver import bracket_search, furthest_holding, implicit_root, largest_whole
 from jaxacct.api import RELATIONS, _dpsgd_model, dpsgd_delta, dpsgd_epsilon
 from jaxacct.composition import Composition
@@ -159,22 +163,23 @@ def _composition(sigma, q, steps, relation, full_batch):
 def _guess(unknown, target, other, sigma, q, steps, relation, target_kind):
   """A starting value from the central-limit mu (Bu et al. 2020): mu = q sqrt(T (e^{1/s^2} - 1))
   with s = sigma (add/remove) or sigma / 2 (replace-one); for a delta target, mu from delta's
-  curve at epsilon. Only a start: the bracket search does not depend on its accuracy."""
-  if target_kind == "epsilon":
-    mu = _gdp._mu_impl(target, other)
-  else:
-    mu = _gdp._mu_impl(other, target)
-  mu = jnp.where(jnp.isfinite(mu) & (mu > 0.0), mu, 1.0)
+  curve at epsilon. Only a start: the bracket search does not depend on its accuracy. On host
+  arrays it runs on the host (``gdp.host_mu``: nothing compiled), else in JAX."""
+  xp = array_namespace(target, other, sigma, q, steps)
+  epsilon, delta = (target, other) if target_kind == "epsilon" else (other, target)
+  mu = _gdp.host_mu(epsilon, delta) if xp is np else _gdp._mu_impl(epsilon, delta)
+  mu = xp.where(xp.isfinite(mu) & (mu > 0.0), mu, 1.0)
   scale = (relation.scale if isinstance(relation, GroupSteps)
            else 2.0 if relation == "replace_one" else 1.0)
   lo, hi = DOMAIN[unknown]
-  if unknown == "noise_multiplier":
-    guess = scale / jnp.sqrt(jnp.log1p(mu * mu / (q * q * steps)))
-  elif unknown == "sampling_rate":
-    guess = mu / jnp.sqrt(steps * jnp.expm1((scale / sigma) ** 2))
-  else:
-    guess = jnp.round(mu * mu / (q * q * jnp.expm1((scale / sigma) ** 2)))
-  return jnp.clip(jnp.where(jnp.isfinite(guess), guess, 1.0), lo, hi)
+  with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+    if unknown == "noise_multiplier":
+      guess = scale / xp.sqrt(xp.log1p(mu * mu / (q * q * steps)))
+    elif unknown == "sampling_rate":
+      guess = mu / xp.sqrt(steps * xp.expm1((scale / sigma) ** 2))
+    else:
+      guess = xp.round(mu * mu / (q * q * xp.expm1((scale / sigma) ** 2)))
+  return xp.clip(xp.where(xp.isfinite(guess), guess, 1.0), lo, hi)
 
 
 def _core(unknown, accountant, target_kind, relation, full_batch, field, step, margin, target,
@@ -250,20 +255,25 @@ def _start(unknown, target_kind, relation, full_batch, target, other, sigma, q, 
   return jax.lax.stop_gradient(jnp.where(good, value, clt)), jax.lax.stop_gradient(clt)
 
 
-def _runner(unknown, accountant, target_kind, relation, full_batch):
-  """The search under a caller's jit/vmap/grad over a flat batch (leaves [settings]): the start
-  (``_start``) and the certified search in one program, with implicit gradients."""
+def _runner(unknown, accountant, target_kind, relation, full_batch, given_start):
+  """The certified search as one program over a flat batch (leaves [settings]), with implicit
+  gradients: under a caller's jit/vmap/grad with the start (``_start``) computed inside, or a
+  PLD batch on concrete inputs from the starts ``given_start`` (each setting's search stops on
+  its own; a host loop would read every setting until the last one stops)."""
 
-  def one(margin, target, other, sigma, q, steps, plan, low, high, iters):
-    start = _start(unknown, target_kind, relation, full_batch, target, other, sigma, q, steps)[0]
+  def one(margin, target, other, sigma, q, steps, start, plan, low, high, iters):
+    if not given_start:
+      start = _start(unknown, target_kind, relation, full_batch, target, other, sigma, q,
+                     steps)[0]
     return _core(unknown, accountant, target_kind, relation, full_batch, "upper", _STEP, margin,
                  target, other, sigma, q, steps, start, plan, iters, (low, high))
 
-  def run(margin, target, other, sigma, q, steps, plan, low, high, iters=_SEARCH):
+  def run(margin, target, other, sigma, q, steps, start, plan, low, high, iters=_SEARCH):
     # (a plan's leaves: one per setting, or one for all; [low, high]: where each search may
-    # read; ``iters``: a float64 scalar, the evaluations each search may read)
+    # read; ``iters``: a float64 scalar, the evaluations each search may read; ``start``: None
+    # where computed inside)
     plans = jax.tree.map(lambda leaf: jnp.broadcast_to(leaf, margin.shape), plan)
-    args = (margin, target, other, sigma, q, steps, plans, low, high)
+    args = (margin, target, other, sigma, q, steps, start, plans, low, high)
     return jax.lax.map(lambda a: one(*a, iters), args, batch_size=_map_chunk(accountant))
 
   return fast_jit(scoped_gradients(run))
@@ -276,8 +286,8 @@ def _map_chunk(accountant):
 
 
 def _reader(accountant, target_kind, relation, full_batch):
-  """The certified bounds of a flat batch of settings, each on its own plan (leaves [settings];
-  one shared plan's broadcast): the host search's values, one program per plan's sizes."""
+  """The certified bounds of a flat batch of settings (each on its own plan, leaves [settings],
+  or one plan broadcast; None for the constant-time accountants): the host search's reads."""
   single = _single(accountant, target_kind)
 
   def run(other, sigma, q, steps, plan):
@@ -287,12 +297,6 @@ def _reader(accountant, target_kind, relation, full_batch):
 
   return fast_jit(run, exported=f"calibrate.read.{accountant}.{target_kind}.{relation!r}."
                                f"{full_batch}")
-
-
-def _guesser(unknown, target_kind, relation):
-  """``_guess`` compiled over a flat batch."""
-  return fast_jit(jax.vmap(lambda *a: _guess(unknown, *a, relation, target_kind)),
-                  exported=f"calibrate.guess.{unknown}.{target_kind}.{relation!r}")
 
 
 def _starter(unknown, target_kind, relation, full_batch):
@@ -308,7 +312,7 @@ def _starter(unknown, target_kind, relation, full_batch):
 _RUNNERS = {}
 
 
-_BUILDERS = {"search": _runner, "start": _starter, "read": _reader, "guess": _guesser}
+_BUILDERS = {"search": _runner, "start": _starter, "read": _reader}
 
 
 def _compiled(kind, *key):
@@ -607,9 +611,8 @@ def _host_starts(opts, flat):
   side, 5-30% safer: the search starts at their geometric mean (usually within a few percent)
   and its first window reaches from one to the other (``_NEAR`` beyond each, at most
   ``_SPREAD`` from the start). Where RDP finds nothing, the guess with ``_SPREAD`` either side."""
-  margin, target_value, other, sigma, q, steps = flat
-  clt = np.asarray(_compiled("guess", opts.unknown, opts.target, opts.relation)(
-      target_value, other, sigma, q, steps))
+  clt = _guess(opts.unknown, *(np.asarray(a, np.float64) for a in flat[1:]), opts.relation,
+               opts.target)
   start, low, high = clt, clt / _SPREAD, clt * _SPREAD
   if opts.accountant == "pld":
     rdp_opts = dataclasses.replace(opts, accountant="rdp", eps_error=None)
@@ -858,11 +861,20 @@ def _search_bounds(opts, window, settings):
 
 def _search(opts, flat, x0, window, evaluations):
   """Every setting's certified search from ``x0`` on ``window``'s plan, within the values it
-  serves (``_search_bounds``), reading at most ``evaluations`` values each: the bracket search
-  runs on the host, each of its reads one call of a compiled accountant for the whole batch
-  (``_read``). The value is the safe end of the final bracket: where the upper was seen below
-  the aim (b for sigma, whose upper falls as it grows; a for q and T)."""
+  serves (``_search_bounds``), reading at most ``evaluations`` values each. One setting, or a
+  constant-time accountant: the bracket search runs on the host, each of its reads one call of
+  a compiled accountant (``_read``; one PLD setting shares the front door's program). A batch
+  on the PLD accountant: one compiled program (``_runner``), each setting's search stopping on
+  its own. The value is the safe end of the final bracket: where the upper was seen below the
+  aim (b for sigma, whose upper falls as it grows; a for q and T)."""
   low, high = _search_bounds(opts, window, np.shape(x0)[0])
+  if opts.accountant == "pld" and np.shape(x0)[0] > 1:
+    run = _compiled("search", *opts.key, True)
+    value, (found, bounds, far_status, far, reads) = run(
+        *flat, jnp.asarray(x0), window.plan, jnp.asarray(low), jnp.asarray(high),
+        jnp.float64(evaluations))
+    return Found(np.asarray(value), np.asarray(found), jax.tree.map(np.asarray, bounds),
+                 np.asarray(far_status), np.asarray(far), np.asarray(reads))
   sign = 1.0 if opts.unknown == "noise_multiplier" else -1.0
   margin = np.asarray(flat[0])
   aim = np.log(np.asarray(flat[1])) + np.log1p(-margin)
@@ -884,8 +896,8 @@ def _search(opts, flat, x0, window, evaluations):
 def _read(opts, flat, x, plan):
   """The accountant's certified bounds of every setting of a flat batch with the unknown at
   ``x`` (host arrays). One PLD setting runs the front door's own program
-  (``pld.accountant.single_program``: the calibration and its check compile one), a batch or
-  another accountant ``_reader``'s."""
+  (``pld.accountant.single_program``: the calibration and its check compile one), another
+  accountant ``_reader``'s."""
   _, _, other, sigma, q, steps = (np.asarray(a, np.float64) for a in flat)
   known = {"noise_multiplier": sigma, "sampling_rate": q, "steps": steps, opts.unknown: x}
   if opts.accountant == "pld" and opts.unknown != "steps":
@@ -1028,9 +1040,9 @@ def _traced(opts, flat, plan, shape):
   if opts.accountant == "pld" and plan is None:
     raise ValueError("under jit/vmap/grad the inputs are traced and cannot be used to plan the "
                      "grid: pass plan=jaxacct.calibrate.make_plan(...) for the targets to serve")
-  run = _compiled("search", *opts.key)
+  run = _compiled("search", *opts.key, False)
   lo, hi = (jnp.full(flat[1].shape, end) for end in DOMAIN[opts.unknown])
-  value, (found, *_) = run(*flat, plan, lo, hi, _SEARCH)
+  value, (found, *_) = run(*flat, None, plan, lo, hi, _SEARCH)
   return jnp.reshape(jnp.where(found, value, jnp.nan), shape)
 
 

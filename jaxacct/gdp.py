@@ -228,6 +228,34 @@ def _mu_scalar(eps, delta):
   return implicit_root(residual, solve, lo)
 
 
+def host_mu(epsilon, delta, iters=60):
+  """mu with delta_mu(epsilon) = delta, on the host (numpy and scipy, no compilation; arrays
+  elementwise): the solver's safeguarded Newton in log mu on [1e-6, 1e4], to ~1e-12 relative
+  where delta_mu(epsilon) is resolved in float64. A starting value (the calibration's
+  central-limit guess), not a bound and not differentiable: ``mu_of_eps_delta`` is the
+  accountant's."""
+  import scipy.special  # pylint: disable=import-outside-toplevel  (a dependency; host only)
+
+  epsilon, delta = np.broadcast_arrays(np.asarray(epsilon, np.float64),
+                                       np.asarray(delta, np.float64))
+
+  def value_and_slope(log_mu):
+    # f = log delta - log delta_mu(epsilon), decreasing in log mu; delta_mu = Phi(a) - e^eps Phi(b)
+    # with a = -eps/mu + mu/2, b = a - mu, and d delta_mu / d mu = phi(a).
+    mu = np.exp(log_mu)
+    a = -epsilon / mu + 0.5 * mu
+    log_a, log_b = scipy.special.log_ndtr(a), scipy.special.log_ndtr(a - mu)
+    with np.errstate(divide="ignore", invalid="ignore"):
+      log_curve = log_a + np.log1p(-np.exp(np.minimum(epsilon + log_b - log_a, 0.0)))
+      log_phi = -0.5 * a * a - 0.5 * math.log(2.0 * math.pi)
+      return np.log(delta) - log_curve, -mu * np.exp(log_phi - log_curve)
+
+  lo, hi = np.full(epsilon.shape, math.log(1e-6)), np.full(epsilon.shape, math.log(1e4))
+  with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # (inf/nan: bisected)
+    log_mu, *_ = newton_in_bracket(value_and_slope, lo, hi, 0.5 * (lo + hi), iters=iters)
+  return np.exp(log_mu)
+
+
 def _delta_impl(mu, eps):
   return jnp.exp(_log_delta(mu, eps))
 

@@ -119,6 +119,19 @@ def test_delta_against_scipy_norm():
   np.testing.assert_allclose(each(gdp.delta_of_mu, m, e), scipy_delta(m, e), rtol=1e-12)
 
 
+@needs_mpmath
+def test_host_mu_inverts_the_curve_without_compiling():
+  """gdp.host_mu (the calibration's host start) returns mu with delta_mu(epsilon) = delta: the
+  50-digit curve at its answer gives delta back, to the curve's conditioning."""
+  eps, delta = np.meshgrid([0.01, 0.1, 1.0, 2.0, 8.0, 30.0], [0.3, 1e-5, 1e-12, 1e-100])
+  mu = gdp.host_mu(eps, delta)
+  assert isinstance(mu, np.ndarray) and mu.shape == eps.shape
+  log_d = np.vectorize(ref_log_delta)(mu, eps)
+  # (|d log delta / d log mu| is at most ~ (eps/mu)^2 + ...: a relative 1e-12 in mu)
+  slope = 2.0 + (eps / mu) ** 2 + mu ** 2
+  assert np.all(np.abs(log_d - np.log(delta)) <= 1e-11 * slope * (1.0 + np.abs(np.log(delta))))
+
+
 def test_closed_form_values_against_mpmath():
   # delta_mu(eps) (Dong, Roth and Su 2022, Cor. 2.13): the pinned values are those of the
   # 50-digit curve ref_log_delta (checked here), to the digits shown.
