@@ -24,9 +24,11 @@ it has no guarantee (its epsilons are +inf).
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import math
+import os
 from typing import Callable, NamedTuple
 
 import jax
@@ -405,23 +407,25 @@ def _per_example_privacy(counts, steps, sigma_grid, sampling_rate, delta, tail_d
   choice = _band_choice(counts, log_largest, bands, plan)
   run, split, replicated = _sharded_chunk(devices)
   outs, order = [], []
-  for b, band in enumerate(bands):
-    members = np.flatnonzero(choice == b)
-    if not members.size:
-      continue
-    band_plan, band_terms, fixed = jax.device_put(
-        (dataclasses.replace(plan, band=band), _cut(terms, band, log_largest[b]),
-         (jnp.asarray(delta), jnp.asarray(eps_points), jnp.asarray(tail_delta))), replicated)
-    for first in range(0, members.size, chunk):
-      rows = counts[members[first:first + chunk]]
-      size = min(chunk, 1 << max(rows.shape[0] - 1, 15).bit_length())  # few compiled shapes
-      size = -(-size // len(devices)) * len(devices)
-      padded = np.zeros((size, rows.shape[1]), np.int64)
-      padded[:rows.shape[0]] = rows
-      block = jax.device_put(padded.astype(np.float64), split)
-      out = host_values(run(band_terms, block, band_plan, *fixed))
-      outs.append(jax.tree_util.tree_map(lambda a: a[:rows.shape[0]], out))
-    order.append(members)
+  with concurrent.futures.ThreadPoolExecutor(_workers(devices)) as pool:
+    for b, band in enumerate(bands):
+      members = np.flatnonzero(choice == b)
+      if not members.size:
+        continue
+      band_plan, band_terms, fixed = jax.device_put(
+          (dataclasses.replace(plan, band=band), _cut(terms, band, log_largest[b]),
+           (jnp.asarray(delta), jnp.asarray(eps_points), jnp.asarray(tail_delta))), replicated)
+      for first in range(0, members.size, chunk):
+        rows = counts[members[first:first + chunk]]
+        size = min(chunk, 1 << max(rows.shape[0] - 1, 15).bit_length())  # few compiled shapes
+        size = -(-size // len(devices)) * len(devices)
+        padded = np.zeros((size, rows.shape[1]), np.int64)
+        padded[:rows.shape[0]] = rows
+        block = jax.device_put(padded.astype(np.float64), split)
+        args = (band_terms, block, band_plan, *fixed)
+        outs.append((pool.submit(_chunk_values, run, args), rows.shape[0]))
+      order.append(members)
+    outs = [jax.tree_util.tree_map(lambda a, n=n: a[:n], out.result()) for out, n in outs]
   del terms
   inverse = np.argsort(np.concatenate(order))
   bounds, curves, mus = jax.tree_util.tree_map(lambda *a: np.concatenate(a)[inverse], *outs)
@@ -435,6 +439,23 @@ def _per_example_privacy(counts, steps, sigma_grid, sampling_rate, delta, tail_d
   if repeated is not None:
     fields = _without_guarantee(fields, np.asarray(repeated, bool))
   return PerExample(*fields, float(delta), tail_delta, float(eps_points[-1]))
+
+
+def _workers(devices):
+  """Threads that run chunks at once: on CPU devices of one process, the machine's cores shared
+  by the devices (a CPU device runs a program on one core; chunks dispatched from several
+  threads run side by side); else one (an accelerator runs one chunk at a time, and processes
+  that share a mesh must launch its programs in the same order)."""
+  if jax.process_count() > 1 or any(device.platform != "cpu" for device in devices):
+    return 1
+  return max(1, (os.cpu_count() or 1) // len(devices))
+
+
+def _chunk_values(run, args):
+  """One chunk's results on the host, from a worker thread (which enters float64 itself: the
+  caller's scope does not reach it)."""
+  with jax.enable_x64(True):
+    return host_values(run(*args))
 
 
 def _without_guarantee(fields, repeated):
