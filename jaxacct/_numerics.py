@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -104,6 +105,24 @@ def host_values(tree):
       return np.asarray(multihost_utils.process_allgather(x, tiled=True))
     return np.asarray(x)
   return jax.tree_util.tree_map(whole, tree)
+
+
+def cpu_threads(devices=None):
+  """How many threads to dispatch independent programs from: on the CPU devices of one process,
+  the cores each device leaves (XLA's CPU runtime runs these programs on about one core, and
+  programs dispatched from several threads run side by side); else one (an accelerator runs
+  one program at a time, and processes sharing a mesh must launch theirs in the same order)."""
+  devices = jax.devices() if devices is None else devices
+  if jax.process_count() > 1 or any(device.platform != "cpu" for device in devices):
+    return 1
+  return max(1, (os.cpu_count() or 1) // len(devices))
+
+
+def threaded_call(fn, *args):
+  """``host_values(fn(*args))`` under float64, for a worker thread (the caller's scoped
+  ``enable_x64`` does not reach another thread)."""
+  with jax.enable_x64(True):
+    return host_values(fn(*args))
 
 
 def scoped_gradients(fn, nondiff_argnums=()):

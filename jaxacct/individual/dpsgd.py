@@ -28,7 +28,6 @@ import concurrent.futures
 import dataclasses
 import functools
 import math
-import os
 from typing import Callable, NamedTuple
 
 import jax
@@ -37,7 +36,7 @@ import numpy as np
 
 from jaxacct import gdp, rdp
 from jaxacct._inputs import check_delta
-from jaxacct._numerics import F64_EPS, float64, host_values
+from jaxacct._numerics import F64_EPS, cpu_threads, float64, host_values, threaded_call
 from jaxacct._solver import newton_in_bracket
 from jaxacct.api import _dpsgd_model
 from jaxacct.composition import Composition
@@ -407,7 +406,7 @@ def _per_example_privacy(counts, steps, sigma_grid, sampling_rate, delta, tail_d
   choice = _band_choice(counts, log_largest, bands, plan)
   run, split, replicated = _sharded_chunk(devices)
   outs, order = [], []
-  with concurrent.futures.ThreadPoolExecutor(_workers(devices)) as pool:
+  with concurrent.futures.ThreadPoolExecutor(cpu_threads(devices)) as pool:
     for b, band in enumerate(bands):
       members = np.flatnonzero(choice == b)
       if not members.size:
@@ -423,7 +422,7 @@ def _per_example_privacy(counts, steps, sigma_grid, sampling_rate, delta, tail_d
         padded[:rows.shape[0]] = rows
         block = jax.device_put(padded.astype(np.float64), split)
         args = (band_terms, block, band_plan, *fixed)
-        outs.append((pool.submit(_chunk_values, run, args), rows.shape[0]))
+        outs.append((pool.submit(threaded_call, run, *args), rows.shape[0]))
       order.append(members)
     outs = [jax.tree_util.tree_map(lambda a, n=n: a[:n], out.result()) for out, n in outs]
   del terms
@@ -439,23 +438,6 @@ def _per_example_privacy(counts, steps, sigma_grid, sampling_rate, delta, tail_d
   if repeated is not None:
     fields = _without_guarantee(fields, np.asarray(repeated, bool))
   return PerExample(*fields, float(delta), tail_delta, float(eps_points[-1]))
-
-
-def _workers(devices):
-  """Threads that run chunks at once: on CPU devices of one process, the machine's cores shared
-  by the devices (a CPU device runs a program on one core; chunks dispatched from several
-  threads run side by side); else one (an accelerator runs one chunk at a time, and processes
-  that share a mesh must launch its programs in the same order)."""
-  if jax.process_count() > 1 or any(device.platform != "cpu" for device in devices):
-    return 1
-  return max(1, (os.cpu_count() or 1) // len(devices))
-
-
-def _chunk_values(run, args):
-  """One chunk's results on the host, from a worker thread (which enters float64 itself: the
-  caller's scope does not reach it)."""
-  with jax.enable_x64(True):
-    return host_values(run(*args))
 
 
 def _without_guarantee(fields, repeated):
