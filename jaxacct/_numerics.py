@@ -107,12 +107,11 @@ def host_values(tree):
   return jax.tree_util.tree_map(whole, tree)
 
 
-def cpu_threads(devices=None):
+def cpu_threads(devices):
   """How many threads to dispatch independent programs from: on the CPU devices of one process,
   the cores each device leaves (XLA's CPU runtime runs these programs on about one core, and
   programs dispatched from several threads run side by side); else one (an accelerator runs
   one program at a time, and processes sharing a mesh must launch theirs in the same order)."""
-  devices = jax.devices() if devices is None else devices
   if jax.process_count() > 1 or any(device.platform != "cpu" for device in devices):
     return 1
   return max(1, (os.cpu_count() or 1) // len(devices))

@@ -22,13 +22,13 @@ front door itself. The root is differentiated by the implicit-function theorem
 whole steps, so with it d / d steps raises; the saddle-point and RDP accountants take real
 counts).
 
-Start. One setting on concrete inputs (``_host_starts``): between the central-limit (GDP)
-guess of Bu et al. (2020), optimistic, and RDP's calibrated value, conservative, at their
+Start. On concrete inputs, but for a PLD batch (``_host_starts``): between the central-limit
+(GDP) guess of Bu et al. (2020), optimistic, and RDP's calibrated value, conservative, at their
 geometric mean (usually within a few percent of the PLD answer; RDP is one small program). A
-PLD batch, and under tracing:
-the saddle-point accountant's estimate calibrated the same way, from the central-limit guess,
-where it is one (a value the saddle point flags as out of its range or vacuous, or more than
-10x from the guess, is no estimate: at delta 1e-12 it can be 1e-4 of the answer).
+PLD batch, and under tracing: the saddle-point accountant's estimate calibrated the same way,
+from the central-limit guess, where it is one (a value the saddle point flags as out of its
+range or vacuous, or more than 10x from the guess, is no estimate: at delta 1e-12 it can be
+1e-4 of the answer).
 
 Plans. The PLD accountant needs an accuracy plan that serves every value the search visits. With
 concrete inputs it is made here, one per setting, for a window around the start (reaching from
