@@ -1,0 +1,91 @@
+"""Where the test suite's time goes: JAX tracing, lowering and XLA compilation per test.
+
+A pytest plugin that records, in each test, the seconds and counts of JAX's monitoring events
+(``jaxpr_trace_duration``, ``jaxpr_to_mlir_module_duration``, ``backend_compile_duration``,
+the persistent cache's hits and misses); each pytest worker writes its figures to
+``$PROFILE_DIR/profile-<worker>.json`` at the end of the session. Then this file as a script
+prints the totals and the tests and files that compile the most::
+
+    PYTHONPATH=benchmarks PROFILE_DIR=/tmp/prof python -m pytest -q -n 2 -p profile_tests
+    python benchmarks/profile_tests.py /tmp/prof
+
+(Notebooks, the CLI's and the scale tests' subprocesses are timed but their programs are not
+seen: only each worker's own events are.)
+"""
+
+import collections
+import json
+import os
+import pathlib
+import sys
+import time
+
+_NAMES = {"jaxpr_trace_duration": "trace", "jaxpr_to_mlir_module_duration": "lower",
+          "backend_compile_duration": "compile", "cache_hits": "hits", "cache_misses": "misses"}
+_figures = collections.defaultdict(lambda: collections.defaultdict(float))
+_current = ["<outside a test>"]
+_listening = [False]
+
+
+def _listen():
+  """Registers the listeners once, after conftest has set JAX's environment."""
+  if _listening[0]:
+    return
+  import jax.monitoring
+
+  def timed(event, seconds, **_):
+    name = _NAMES.get(event.rsplit("/", 1)[-1])
+    if name:
+      _figures[_current[0]][name] += seconds
+      _figures[_current[0]][name + "#"] += 1
+
+  def counted(event, **_):
+    name = _NAMES.get(event.rsplit("/", 1)[-1])
+    if name:
+      _figures[_current[0]][name] += 1
+
+  jax.monitoring.register_event_duration_secs_listener(timed)
+  jax.monitoring.register_event_listener(counted)
+  _listening[0] = True
+
+
+def pytest_runtest_setup(item):
+  _listen()
+  _current[0] = item.nodeid
+  _figures[item.nodeid]["start"] = time.time()
+
+
+def pytest_runtest_teardown(item):
+  _figures[item.nodeid]["wall"] = time.time() - _figures[item.nodeid].pop("start")
+
+
+def pytest_sessionfinish(session):
+  folder = pathlib.Path(os.environ.get("PROFILE_DIR", "."))
+  folder.mkdir(parents=True, exist_ok=True)
+  worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+  (folder / f"profile-{worker}.json").write_text(json.dumps(_figures))
+
+
+def _summary(folder, top=20):
+  tests = {}
+  for path in sorted(pathlib.Path(folder).glob("profile-*.json")):
+    tests.update(json.loads(path.read_text()))
+  keys = ("wall", "compile", "trace", "lower", "misses", "hits")
+  row = lambda name, f: (f"{f.get('wall', 0):8.1f} {f.get('compile', 0):8.1f} "
+                         f"{f.get('trace', 0):7.1f} {f.get('lower', 0):6.1f} "
+                         f"{int(f.get('misses', 0)):6d} {int(f.get('hits', 0)):5d}  {name}")
+  header = f"{'wall s':>8} {'compile':>8} {'trace':>7} {'lower':>6} {'misses':>6} {'hits':>5}"
+  total = {k: sum(f.get(k, 0) for f in tests.values()) for k in keys}
+  print(header + "  (all tests)\n" + row("total", total))
+  files = collections.defaultdict(lambda: collections.defaultdict(float))
+  for name, f in tests.items():
+    for k in keys:
+      files[name.split("::")[0]][k] += f.get(k, 0)
+  for title, table in (("files", files), ("tests", tests)):
+    print(f"\n{header}  ({title} by compile time)")
+    for name, f in sorted(table.items(), key=lambda kv: -kv[1].get("compile", 0))[:top]:
+      print(row(name, f))
+
+
+if __name__ == "__main__":
+  _summary(sys.argv[1] if len(sys.argv) > 1 else ".")
