@@ -1,10 +1,10 @@
 """Where the test suite's time goes: JAX tracing, lowering and XLA compilation per test.
 
-A pytest plugin that records, in each test, the seconds and counts of JAX's monitoring events
-(``jaxpr_trace_duration``, ``jaxpr_to_mlir_module_duration``, ``backend_compile_duration``,
-the persistent cache's hits and misses); each pytest worker writes its figures to
-``$PROFILE_DIR/profile-<worker>.json`` at the end of the session. Then this file as a script
-prints the totals and the tests and files that compile the most::
+A pytest plugin that records, in each test, the seconds of JAX's monitoring events
+(``jaxpr_trace_duration``, ``jaxpr_to_mlir_module_duration``, ``backend_compile_duration``) and
+the persistent cache's hits, misses and the compile time its hits saved; each pytest worker writes
+its figures to ``$PROFILE_DIR/profile-<worker>.json`` at the end of the session. Then this file
+as a script prints the totals and the tests and files that compile the most::
 
     PYTHONPATH=benchmarks PROFILE_DIR=/tmp/prof python -m pytest -q -n 2 -p profile_tests
     python benchmarks/profile_tests.py /tmp/prof
@@ -14,6 +14,7 @@ seen: only each worker's own events are.)
 """
 
 import collections
+import functools
 import json
 import os
 import pathlib
@@ -21,23 +22,21 @@ import sys
 import time
 
 _NAMES = {"jaxpr_trace_duration": "trace", "jaxpr_to_mlir_module_duration": "lower",
-          "backend_compile_duration": "compile", "cache_hits": "hits", "cache_misses": "misses"}
+          "backend_compile_duration": "compile", "compile_time_saved_sec": "saved",
+          "cache_hits": "hits", "cache_misses": "misses"}
 _figures = collections.defaultdict(lambda: collections.defaultdict(float))
 _current = ["<outside a test>"]
-_listening = [False]
 
 
+@functools.cache
 def _listen():
   """Registers the listeners once, after conftest has set JAX's environment."""
-  if _listening[0]:
-    return
   import jax.monitoring
 
   def timed(event, seconds, **_):
     name = _NAMES.get(event.rsplit("/", 1)[-1])
     if name:
       _figures[_current[0]][name] += seconds
-      _figures[_current[0]][name + "#"] += 1
 
   def counted(event, **_):
     name = _NAMES.get(event.rsplit("/", 1)[-1])
@@ -46,7 +45,6 @@ def _listen():
 
   jax.monitoring.register_event_duration_secs_listener(timed)
   jax.monitoring.register_event_listener(counted)
-  _listening[0] = True
 
 
 def pytest_runtest_setup(item):
@@ -70,11 +68,13 @@ def _summary(folder, top=20):
   tests = {}
   for path in sorted(pathlib.Path(folder).glob("profile-*.json")):
     tests.update(json.loads(path.read_text()))
-  keys = ("wall", "compile", "trace", "lower", "misses", "hits")
+  keys = ("wall", "compile", "trace", "lower", "misses", "hits", "saved")
   row = lambda name, f: (f"{f.get('wall', 0):8.1f} {f.get('compile', 0):8.1f} "
                          f"{f.get('trace', 0):7.1f} {f.get('lower', 0):6.1f} "
-                         f"{int(f.get('misses', 0)):6d} {int(f.get('hits', 0)):5d}  {name}")
-  header = f"{'wall s':>8} {'compile':>8} {'trace':>7} {'lower':>6} {'misses':>6} {'hits':>5}"
+                         f"{int(f.get('misses', 0)):6d} {int(f.get('hits', 0)):5d} "
+                         f"{f.get('saved', 0):6.1f}  {name}")
+  header = (f"{'wall s':>8} {'compile':>8} {'trace':>7} {'lower':>6} {'misses':>6} {'hits':>5} "
+            f"{'saved':>6}")
   total = {k: sum(f.get(k, 0) for f in tests.values()) for k in keys}
   print(header + "  (all tests)\n" + row("total", total))
   files = collections.defaultdict(lambda: collections.defaultdict(float))
