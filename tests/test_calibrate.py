@@ -221,9 +221,11 @@ def test_full_batch_calibration_matches_the_gaussian_closed_form(eps, slack):
 
 
 def test_gradients_match_central_differences():
-  """d sigma / d (epsilon, q) on a fixed plan (PLD), and d sigma / d T (real counts, spa), by
-  the implicit-function theorem against central differences. Each accountant traces one
-  program: values and gradients at the centre and the difference points in one batch."""
+  """d sigma / d (epsilon, q) on a fixed plan (PLD) by the implicit-function theorem against
+  central differences: values and gradients at the centre and the difference points in one
+  compiled batch. (The saddle point's d sigma / d (q, T), real counts, is checked the same way
+  at 32 settings by notebooks/calibration.ipynb, which the suite runs: its "implicit gradient
+  against central differences" cell.)"""
   plan = calibrate.make_plan("noise_multiplier", 2.0, 1e-5, sampling_rate=0.01, steps=1000)
   sigma = lambda e, q: calibrate.noise_multiplier(e, 1e-5, q, 1000, plan=plan)
   h_eps, h_q = 1e-3, 1e-6
@@ -234,14 +236,6 @@ def test_gradients_match_central_differences():
   values = np.asarray(values)
   assert float(grads[0][0]) == pytest.approx((values[1] - values[2]) / (2 * h_eps), rel=1e-4)
   assert float(grads[1][0]) == pytest.approx((values[3] - values[4]) / (2 * h_q), rel=1e-4)
-  by_steps = lambda t: calibrate.noise_multiplier(2.0, 1e-5, 0.01, t, accountant="spa")
-  with jax.enable_x64(True):  # (compiled, in a float64 scope: op by op this took 48 s)
-    # Five-point central differences around T = 1000, with the gradient there, in one batch.
-    around, slopes = jax.jit(jax.vmap(jax.value_and_grad(by_steps)))(1000.0 + jnp.arange(-2.0, 3.0))
-  grad_t = float(slopes[2])
-  fd = float(np.dot([1.0, -8.0, 0.0, 8.0, -1.0], np.asarray(around))) / 12.0
-  assert grad_t == pytest.approx(fd, rel=1e-4)
-  assert grad_t > 0.0
 
 
 def test_one_program_serves_a_sweep_of_targets_under_vmap():
