@@ -1,12 +1,13 @@
 """What one compiled PLD accountant is made of: its XLA kernels, by size and by jaxacct function.
 
 XLA's CPU backend compiles every kernel (a fusion, or an op left alone) as its own LLVM module,
-~10 ms each on one core whatever its size, so a program's first call costs about its kernel
-count: the figure that the compile-time work of issue 32 has to bring down. This script compiles
+~10-20 ms each on one core even when it works on a single value, so a program's first call
+costs about its kernel count: the figure that the compile-time work of issue 32 has to bring
+down. This script compiles
 the front door's single-setting program (``jaxacct.pld.accountant.single_program``) for one
-DP-SGD setting with XLA's dump on, then prints the compile time, the kernels by the size of their
-output (a tiny one is scalar bookkeeping) and by the innermost jaxacct function that made them
-(from the HLO's stack frames)::
+DP-SGD setting, then again with XLA's dump on, and prints the compile time, the kernels (the
+dump's object files) by the size of their output (a tiny one is scalar bookkeeping) and by the
+innermost jaxacct function that made them (from the HLO's stack frames)::
 
     python benchmarks/program_kernels.py                      # q 0.01, sigma 1, T 10^4, delta 1e-5
     python benchmarks/program_kernels.py --q 1 --sigma 10 --steps 100 --top 40
@@ -14,6 +15,7 @@ output (a tiny one is scalar bookkeeping) and by the innermost jaxacct function 
 
 import argparse
 import collections
+import math
 import os
 import re
 import sys
@@ -27,10 +29,6 @@ import jax.numpy as jnp  # noqa: E402
 
 import jaxacct  # noqa: E402
 from jaxacct.pld.accountant import single_program  # noqa: E402
-
-_NOT_KERNELS = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while",
-                "conditional", "call"}
-
 
 def _table(text, name):
   """Rows of one of the HLO dump's tables (FileNames, FunctionNames, FileLocations, ...)."""
@@ -64,26 +62,37 @@ def _frames(text):
   return chain
 
 
-def kernels(text):
-  """(output elements, innermost jaxacct function) of every kernel of the optimised
-  module: the instructions of its non-fused computations that are not bookkeeping."""
+def _instructions(text):
+  """name -> (output elements, the largest of a tuple's; innermost jaxacct function) of every
+  instruction of the optimised module."""
   chain = _frames(text)
-  out = []
-  for computation in re.split(r"\n(?=\S)", text):
-    head = computation.split("\n", 1)[0]
-    if not head.startswith(("%", "ENTRY")) or head.startswith(("%fused", "%wrapped")):
+  out = {}
+  for line in text.split("\n"):
+    m = re.match(r"\s+(?:ROOT )?%(\S+) = (.*?) [\w-]+\(", line)
+    if not m:
       continue
-    for line in computation.split("\n")[1:]:
-      m = re.match(r"\s+(?:ROOT )?%\S+ = (.*?) (\w[\w-]*)\(", line)
-      if not m or m[2] in _NOT_KERNELS:
-        continue
-      shape = re.search(r"\[([\d,]*)\]", m[1])  # (a tuple's first element)
-      elements = 1
-      for d in (shape[1].split(",") if shape and shape[1] else []):
-        elements *= int(d)
-      frame = re.search(r"stack_frame_id=(\d+)", line)
-      where = chain(int(frame[1]))[:1] if frame else []
-      out.append((elements, "".join(f"{f}:{fn}" for f, fn in where) or "(no frame)"))
+    elements = max([math.prod(int(d) for d in dims.split(",") if d)
+                    for dims in re.findall(r"\[([\d,]*)\]", m[2])], default=1)
+    frame = re.search(r"stack_frame_id=(\d+)", line)
+    where = chain(int(frame[1]))[:1] if frame else []
+    out[m[1]] = (elements, "".join(f"{f}:{fn}" for f, fn in where) or "(no frame)")
+  return out
+
+
+def kernels(dump):
+  """(output elements, innermost jaxacct function) of every kernel XLA compiled: one object
+  file each in the dump (``obj-file.<instruction>[_elemental]_kernel_module.o``), joined to
+  its instruction in the optimised HLO by name (reduction bodies and library calls, which get
+  no object of their own, are not counted)."""
+  text = open(next(os.path.join(dump, f) for f in os.listdir(dump)
+                   if f.endswith("cpu_after_optimizations.txt"))).read()
+  instructions = _instructions(text)
+  out = []
+  for name in sorted(os.listdir(dump)):
+    m = re.search(r"obj-file\.(?:__compute_module_)?(.+?)(?:_elemental)?(?:_kernel_module)?\.o$",
+                  name)
+    if m:
+      out.append(instructions.get(m[1], (0, "(not in the HLO)")))
   return out
 
 
@@ -107,12 +116,10 @@ def main(argv=None):
     start = time.perf_counter()
     lowered.compile()
     compiled = time.perf_counter() - start
-    # Compiled again with XLA's dump on (slower: it writes every kernel's IR), for its HLO.
-    dump = tempfile.mkdtemp(prefix="jaxacct-hlo-")
-    lowered.compile(compiler_options={"xla_dump_to": dump, "xla_dump_hlo_as_text": True})
-  dumps = [f for f in os.listdir(dump) if f.endswith("cpu_after_optimizations.txt")]
-  text = open(os.path.join(dump, dumps[0])).read()
-  found = kernels(text)
+    # Compiled again with XLA's dump on (slower: it writes every kernel's IR), for its kernels.
+    with tempfile.TemporaryDirectory(prefix="jaxacct-hlo-") as dump:
+      lowered.compile(compiler_options={"xla_dump_to": dump, "xla_dump_hlo_as_text": True})
+      found = kernels(dump)
   sizes = collections.Counter("<= 16" if n <= 16 else "<= 1,024" if n <= 1024 else
                               "<= 100,000" if n <= 100_000 else "> 100,000" for n, _ in found)
   print(f"setting q={args.q:g} sigma={args.sigma:g} T={args.steps} delta={args.delta:g}; "
@@ -121,6 +128,9 @@ def main(argv=None):
         f"{1e3 * compiled / max(len(found), 1):.1f} ms each")
   print("kernels by output elements: " + ", ".join(
       f"{k}: {sizes[k]}" for k in ("<= 16", "<= 1,024", "<= 100,000", "> 100,000")))
+  tiny = collections.Counter(w.split(":")[0] for n, w in found if n <= 16)
+  print("kernels of <= 16 elements by file: " + ", ".join(f"{f} {c}" for f, c in
+                                                         tiny.most_common()))
   print(f"kernels by the jaxacct function that made them (top {args.top}):")
   for where, count in collections.Counter(w for _, w in found).most_common(args.top):
     print(f"  {count:4d}  {where}")

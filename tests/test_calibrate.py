@@ -223,9 +223,9 @@ def test_full_batch_calibration_matches_the_gaussian_closed_form(eps, slack):
 def test_gradients_match_central_differences():
   """d sigma / d (epsilon, q) on a fixed plan (PLD) by the implicit-function theorem against
   central differences: values and gradients at the centre and the difference points in one
-  compiled batch. (The saddle point's d sigma / d (q, T), real counts, is checked the same way
-  at 32 settings by notebooks/calibration.ipynb, which the suite runs: its "implicit gradient
-  against central differences" cell.)"""
+  compiled batch. (The saddle point's implicit gradient in real-valued counts is checked against
+  central differences by notebooks/calibration.ipynb, which the suite runs: at 32 settings along
+  q T = const, its "implicit gradient against central differences" cell.)"""
   plan = calibrate.make_plan("noise_multiplier", 2.0, 1e-5, sampling_rate=0.01, steps=1000)
   sigma = lambda e, q: calibrate.noise_multiplier(e, 1e-5, q, 1000, plan=plan)
   h_eps, h_q = 1e-3, 1e-6
