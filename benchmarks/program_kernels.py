@@ -3,11 +3,11 @@
 XLA's CPU backend compiles every kernel (a fusion, or an op left alone) as its own LLVM module,
 ~10-20 ms each on one core even when it works on a single value, so a program's first call
 costs about its kernel count: the figure that the compile-time work of issue 32 has to bring
-down. This script compiles
-the front door's single-setting program (``jaxacct.pld.accountant.single_program``) for one
-DP-SGD setting, then again with XLA's dump on, and prints the compile time, the kernels (the
-dump's object files) by the size of their output (a tiny one is scalar bookkeeping) and by the
-innermost jaxacct function that made them (from the HLO's stack frames)::
+down. This script compiles the front door's single-setting program
+(``jaxacct.pld.accountant.single_program``) for one DP-SGD setting, then again with XLA's dump
+on, and prints the compile time, the kernels (the dump's object files) by the size of their
+output (a tiny one is scalar bookkeeping) and by the innermost jaxacct function that made them
+(from the HLO's stack frames)::
 
     python benchmarks/program_kernels.py                      # q 0.01, sigma 1, T 10^4, delta 1e-5
     python benchmarks/program_kernels.py --q 1 --sigma 10 --steps 100 --top 40
@@ -29,6 +29,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import jaxacct  # noqa: E402
 from jaxacct.pld.accountant import single_program  # noqa: E402
+
 
 def _table(text, name):
   """Rows of one of the HLO dump's tables (FileNames, FunctionNames, FileLocations, ...)."""
