@@ -38,7 +38,7 @@ def _table(text, name):
 
 
 def _frames(text):
-  """stack frame id -> [(file, function), ...] from the innermost frame out."""
+  """stack frame id -> (file, function) of the frame itself: the innermost jaxacct function."""
   files = {int(r.split()[0]): r.split(None, 1)[1].strip('"').rsplit("/", 1)[-1]
            for r in _table(text, "FileNames")}
   functions = {int(r.split()[0]): r.split(None, 1)[1].strip('"')
@@ -47,26 +47,17 @@ def _frames(text):
   for row in _table(text, "FileLocations"):
     m = re.match(r"(\d+) \{file_name_id=(\d+) function_name_id=(\d+)", row)
     locations[int(m[1])] = (files[int(m[2])], functions[int(m[3])])
-  parents = {}
+  frames = {}
   for row in _table(text, "StackFrames"):
-    m = re.match(r"(\d+) \{file_location_id=(\d+) parent_frame_id=(\d+)", row)
-    parents[int(m[1])] = (int(m[2]), int(m[3]))
-
-  def chain(frame):
-    out, seen = [], set()
-    while frame in parents and frame not in seen:
-      seen.add(frame)
-      location, frame = parents[frame]
-      if not out or out[-1] != locations[location]:  # (one entry per function, not per line)
-        out.append(locations[location])
-    return out
-  return chain
+    m = re.match(r"(\d+) \{file_location_id=(\d+)", row)
+    frames[int(m[1])] = locations[int(m[2])]
+  return frames
 
 
 def _instructions(text):
   """name -> (output elements, the largest of a tuple's; innermost jaxacct function) of every
   instruction of the optimised module."""
-  chain = _frames(text)
+  frames = _frames(text)
   out = {}
   for line in text.split("\n"):
     m = re.match(r"\s+(?:ROOT )?%(\S+) = (.*?) [\w-]+\(", line)
@@ -75,8 +66,8 @@ def _instructions(text):
     elements = max([math.prod(int(d) for d in dims.split(",") if d)
                     for dims in re.findall(r"\[([\d,]*)\]", m[2])], default=1)
     frame = re.search(r"stack_frame_id=(\d+)", line)
-    where = chain(int(frame[1]))[:1] if frame else []
-    out[m[1]] = (elements, "".join(f"{f}:{fn}" for f, fn in where) or "(no frame)")
+    where = frames.get(int(frame[1])) if frame else None
+    out[m[1]] = (elements, f"{where[0]}:{where[1]}" if where else "(no frame)")
   return out
 
 
