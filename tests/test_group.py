@@ -120,8 +120,8 @@ def test_dp_accounting_references_are_inconsistent_exactly_where_known():
 
 @jax.jit
 def _per_direction(view, plan, delta):
-  """Each direction's epsilon Bounds (compiled: op by op this took ~3 s a row; the rows share
-  the plan's sizes, so one program serves them)."""
+  """Each direction's epsilon Bounds (compiled: op by op this took ~3 s a row; the rows of one
+  sampling share its plan, so one program serves them)."""
   from jaxacct.pld import query
   return jax.vmap(query._epsilon_direction, in_axes=(0, None, None))(view, plan, delta)
 
