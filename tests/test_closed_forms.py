@@ -239,7 +239,7 @@ def test_an_entry_with_count_zero_changes_nothing():
 # The certified upper at the default plan is tight (its own bias, not only the bracket): within
 # 2e-4 max(1, eps) of the truth for continuous losses at any number of steps, few included, and
 # within 1e-3 for losses with atoms (Laplace, pure DP), where a grid's error is first order.
-FEW_GAUSSIAN = [(sigma, steps, delta) for sigma in (0.5, 1.0, 5.0, 20.0) for steps in (1, 3, 10)
+FEW_GAUSSIAN = [(sigma, steps, delta) for sigma in (0.5, 1.0, 5.0, 20.0) for steps in (1, 10)
                 for delta in (1e-3, 1e-10)]
 
 
@@ -251,7 +251,7 @@ def test_upper_is_tight_for_few_gaussian_steps(sigma, steps, delta):
   assert exact <= float(r.upper) <= exact + 2e-4 * max(1.0, exact)
 
 
-ATOMS = ([("pure", e0, k, d) for e0 in (0.1, 1.0, 2.0) for k in (1, 3, 10) for d in (1e-5, 1e-10)]
+ATOMS = ([("pure", e0, k, d) for e0 in (0.1, 1.0, 2.0) for k in (1, 10) for d in (1e-5, 1e-10)]
          + [("laplace", b, k, d) for b in (1.0, 10.0) for k in (1, 2) for d in (1e-5, 1e-10)])
 
 

@@ -588,7 +588,7 @@ _BAND_CORNERS = [(2.0, 0.135, 7, 5.6e-9, 1.0), (2.0, 0.135, 1, 5.6e-9, 0.25),
                  (1.1, 0.01, 300, 1e-6, 0.25)]
 
 
-@settings(max_examples=3, deadline=None)
+@settings(max_examples=1, deadline=None)  # (one random draw a run; the corners below are fixed)
 @given(sigma=st.floats(0.6, 6.0), log_q=st.floats(math.log(1e-3), math.log(0.3)),
        log_steps=st.floats(0.0, math.log(20000)), log_delta=st.floats(math.log(1e-10), -7.0),
        band_factor=st.sampled_from([0.25, 1.0, 4.0]))
