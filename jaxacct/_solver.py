@@ -43,7 +43,8 @@ def newton_in_bracket(value_and_slope, lo, hi, x0, iters=8, tol=0.0):
   xp = np if host else jnp
 
   def step(carry):
-    i, x, a0, b0, last, before_last, settled, slope = carry
+    i, floats, settled = carry
+    x, a0, b0, last, before_last, slope = floats
     fx, dfx = value_and_slope(x)
     a = xp.where(fx >= 0.0, x, a0)
     b = xp.where(fx <= 0.0, x, b0)
@@ -58,20 +59,22 @@ def newton_in_bracket(value_and_slope, lo, hi, x0, iters=8, tol=0.0):
     done = (taken <= tol) | (fx == 0.0)
     # An entry that has converged stays put while others iterate: its next Newton step (round-off
     # noise) is not below half of its last (zero) one, and a bisection would throw it away.
-    keep = lambda new, old: xp.where(settled, old, new)
-    return (i + 1, keep(x_next, x), keep(a, a0), keep(b, b0), keep(taken, last),
-            keep(last, before_last), settled | done, keep(dfx, slope))
+    # (The float state is one stacked array: XLA's CPU backend compiles each output of the loop
+    # body as its own kernel, so one array is one kernel where six were six.)
+    new = xp.stack([x_next, a, b, taken, last, dfx])
+    return i + 1, xp.where(settled, floats, new), settled | done
 
   lo, hi, x0 = xp.broadcast_arrays(xp.asarray(lo), xp.asarray(hi), xp.asarray(x0))
   width = hi - lo
-  carry = (0, x0, lo, hi, width, width, xp.zeros(x0.shape, bool), xp.full(x0.shape, -1.0))
-  going = lambda c: (c[0] < iters) & ~xp.all(c[6])
+  floats = xp.stack([x0, lo, hi, width, width, xp.full(x0.shape, -1.0, x0.dtype)])
+  carry = (0, floats, xp.zeros(x0.shape, bool))
+  going = lambda c: (c[0] < iters) & ~xp.all(c[2])
   if xp is np:  # the same iteration, run on the host
     while going(carry):
       carry = step(carry)
   else:
     carry = jax.lax.while_loop(going, step, carry)
-  _, x, a, b, _, _, done, slope = carry
+  _, (x, a, b, _, _, slope), done = carry
   return x, a, b, done, slope
 
 
