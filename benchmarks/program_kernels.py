@@ -7,7 +7,10 @@ down. This script compiles the front door's single-setting program
 (``jaxacct.pld.accountant.single_program``) for one DP-SGD setting, then again with XLA's dump
 on, and prints the compile time, the kernels (the dump's object files) by the size of their
 output (a tiny one is scalar bookkeeping) and by the innermost jaxacct function that made them
-(from the HLO's stack frames)::
+(from the HLO's stack frames). Then, compiled once more under JAX's profiler, where XLA's
+compile time goes: its phases (HLO passes, emitting the kernels, LLVM's machine code) and the
+cost of one kernel's emission against its op count (a fixed cost per kernel, whatever its
+size, is what makes many small kernels expensive)::
 
     python benchmarks/program_kernels.py                      # q 0.01, sigma 1, T 10^4, delta 1e-5
     python benchmarks/program_kernels.py --q 1 --sigma 10 --steps 100 --top 40
@@ -26,6 +29,7 @@ os.environ["JAXACCT_NO_CACHE"] = "1"  # (a program read from the cache is not co
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 
 import jaxacct  # noqa: E402
 from jaxacct.pld.accountant import single_program  # noqa: E402
@@ -88,6 +92,39 @@ def kernels(dump):
   return out
 
 
+_PHASES = (("HLO passes", ("HLO passes through layout assignment",
+                            "HLO passes after layout assignment")),
+           ("kernel emission", ("ThunkEmitter::EmitEntryComputation",
+                                "ThunkEmitter::ConsumeKernels")),
+           ("LLVM machine code", ("JitCompiler::Compile",)))
+
+
+def compile_phases(lowered):
+  """Compiles ``lowered`` under JAX's profiler: (seconds of each of ``_PHASES`` on the compiling
+  thread, the number of threads that emitted kernels, [(ops, milliseconds)] of each kernel's
+  emission, XLA's ``FusionCompiler::Compile``)."""
+  with tempfile.TemporaryDirectory(prefix="jaxacct-trace-") as folder:
+    jax.profiler.start_trace(folder)
+    try:  # (the option names XLA's own trace events; it also keys a compilation of its own)
+      lowered.compile(compiler_options={"xla_cpu_enable_xprof_traceme": True})
+    finally:
+      jax.profiler.stop_trace()
+    path = next(os.path.join(d, f) for d, _, files in os.walk(folder) for f in files
+                if f.endswith(".xplane.pb"))
+    profile = jax.profiler.ProfileData.from_file(path)
+  phases, emitters, emitted = collections.Counter(), set(), []
+  for plane in profile.planes:
+    for line in plane.lines:
+      for event in line.events:
+        for phase, names in _PHASES:
+          if any(event.name.startswith(n) for n in names):
+            phases[phase] += event.duration_ns / 1e9
+        if event.name.startswith("FusionCompiler::Compile"):
+          emitters.add((plane.name, line.name))
+          emitted.append((int(dict(event.stats).get("op_count", 0)), event.duration_ns / 1e6))
+  return phases, len(emitters), emitted
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--q", type=float, default=0.01)
@@ -112,6 +149,7 @@ def main(argv=None):
     with tempfile.TemporaryDirectory(prefix="jaxacct-hlo-") as dump:
       lowered.compile(compiler_options={"xla_dump_to": dump, "xla_dump_hlo_as_text": True})
       found = kernels(dump)
+    phases, emitters, emitted = compile_phases(lowered)
   sizes = collections.Counter("<= 16" if n <= 16 else "<= 1,024" if n <= 1024 else
                               "<= 100,000" if n <= 100_000 else "> 100,000" for n, _ in found)
   print(f"setting q={args.q:g} sigma={args.sigma:g} T={args.steps} delta={args.delta:g}; "
@@ -126,6 +164,15 @@ def main(argv=None):
   print(f"kernels by the jaxacct function that made them (top {args.top}):")
   for where, count in collections.Counter(w for _, w in found).most_common(args.top):
     print(f"  {count:4d}  {where}")
+  print("XLA's compile, traced: " + ", ".join(f"{name} {phases[name]:.2f} s"
+                                              for name, _ in _PHASES))
+  if emitted:
+    ops, ms = np.array(emitted, float).T
+    slope, fixed = np.polyfit(ops, ms, 1)
+    small = ops < 50
+    print(f"kernel emission on {emitters} threads: {len(ops)} kernels, {ms.sum() / 1e3:.2f} s; "
+          f"~{fixed:.1f} ms a kernel + {1e3 * slope:.0f} us an op (least squares); the "
+          f"{small.sum()} kernels of < 50 ops took {ms[small].sum() / 1e3:.2f} s of it")
 
 
 if __name__ == "__main__":
