@@ -9,7 +9,7 @@ import logging
 import math
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 import jaxacct
 from dp_accounting.pld import privacy_loss_distribution as dpa_pld
@@ -54,9 +54,13 @@ def test_bounds_consistent_with_dp_accounting(sigma, rate, steps, delta):
 
 @SETTINGS
 @given(sigmas, rates, counts, deltas, st.floats(1.001, 1.5))
+@example(2.0, 0.09999999999999999, 2, 1e-9, 1.5)  # (q moved by 1 ulp: round-off alone)
 def test_upper_is_monotone(sigma, rate, steps, delta, factor):
   base = float(_ours(sigma, rate, steps, delta).upper)
-  tol = 1e-9 * max(1.0, base)
+  # The answers carry round-off of a few 1e-9 relative (the certificate's error terms hold it):
+  # at sigma 2, T 2, delta 1e-9 the upper scatters by +-3e-9 relative as q moves by 1 ulp to
+  # 1e-12 from 0.1 on one plan. A real violation (an unconverged root) is ~1e-6.
+  tol = 1e-8 * max(1.0, base)
   assert float(_ours(min(4.0, sigma * factor), rate, steps, delta).upper) <= base + tol
   assert float(_ours(sigma, min(0.1, rate * factor), steps, delta).upper) >= base - tol
   assert float(_ours(sigma, rate, min(400, math.ceil(steps * factor)), delta).upper) >= base - tol
