@@ -8,12 +8,14 @@ an empty compilation cache (a fresh ``HOME``, so ``~/.cache/jaxacct`` is empty) 
 same setting as ``jaxacct calibrate``'s defaults (epsilon 2, delta 1e-5, q 0.01, 1,000 steps).
 
 Run:  pip install -e ".[bench]"; python benchmarks/bench_startup.py [--repeat N]
-(prints the machine, its load average before each row, and the median of N runs per row).
+(prints the machine, the ml_dtypes version, its load average before each row, and the median of
+N runs per row).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 import platform
 import statistics
@@ -25,6 +27,9 @@ import time
 BIN = os.path.dirname(sys.executable)
 JAXACCT = [os.path.join(BIN, "jaxacct")]
 COMMANDS = [
+    # (what every process pays first: jax's import, ml_dtypes's extension its largest part)
+    ("python -c 'import ml_dtypes'", [sys.executable, "-c", "import ml_dtypes"], False),
+    ("python -c 'import jax'", [sys.executable, "-c", "import jax"], False),
     ("jaxacct --help", JAXACCT + ["--help"], False),
     ("jaxacct --version", JAXACCT + ["--version"], False),
     ("jaxacct epsilon --json", JAXACCT + ["epsilon", "--json"], True),
@@ -56,7 +61,8 @@ def main():
   parser.add_argument("--repeat", type=int, default=3)
   args = parser.parse_args()
   print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
-        f"{platform.python_version()}, load {os.getloadavg()}")
+        f"{platform.python_version()}, ml_dtypes {importlib.metadata.version('ml_dtypes')}, "
+        f"load {os.getloadavg()}")
   base = {k: v for k, v in os.environ.items() if k not in ("JAXACCT_NO_CACHE",
                                                           "JAX_COMPILATION_CACHE_DIR")}
   for name, argv, cached in COMMANDS:

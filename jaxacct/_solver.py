@@ -60,7 +60,7 @@ def newton_in_bracket(value_and_slope, lo, hi, x0, iters=8, tol=0.0):
     # An entry that has converged stays put while others iterate: its next Newton step (round-off
     # noise) is not below half of its last (zero) one, and a bisection would throw it away.
     # (The float state is one stacked array: XLA's CPU backend compiles each output of the loop
-    # body as its own kernel, so one array is one kernel where six were six.)
+    # body as its own kernel; stacked, the default PLD program has 3 kernels fewer.)
     new = xp.stack([x_next, a, b, taken, last, dfx])
     return i + 1, xp.where(settled, floats, new), settled | done
 
