@@ -27,7 +27,7 @@ import time
 BIN = os.path.dirname(sys.executable)
 JAXACCT = [os.path.join(BIN, "jaxacct")]
 COMMANDS = [
-    # (what every process pays first: jax's import, ml_dtypes's extension its largest part)
+    # (what every process pays first: jax's import, and ml_dtypes's within it: 0.7.0's took 0.7 s)
     ("python -c 'import ml_dtypes'", [sys.executable, "-c", "import ml_dtypes"], False),
     ("python -c 'import jax'", [sys.executable, "-c", "import jax"], False),
     ("jaxacct --help", JAXACCT + ["--help"], False),
