@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import os
 
 import jax
@@ -59,19 +60,29 @@ def array_namespace(*values):
   return np if all(isinstance(v, _HOST_TYPES) for v in leaves) else jnp
 
 
+_HOST_ERFC = np.frompyfunc(math.erfc, 1, 1)
+
+
+_SCIPY_ERFC_SIZE = 100_000  # host arrays at least this long: scipy's erfc, ~7x faster a value
+
+
 def erfc(x):
-  """The complementary error function, on the host (scipy) or in JAX."""
+  """The complementary error function, on the host or in JAX. On the host, libm's element by
+  element (within 3e-16 relative) for up to ``_SCIPY_ERFC_SIZE`` values: a first answer does
+  not import scipy (~0.13 s); a large batch's planning does, for its speed (within 6e-14)."""
   if isinstance(x, _HOST_TYPES):
-    import scipy.special  # (imported when first needed: ~0.1 s)
+    if np.size(x) < _SCIPY_ERFC_SIZE:
+      return np.asarray(_HOST_ERFC(x), np.float64)
+    import scipy.special  # pylint: disable=import-outside-toplevel
     return scipy.special.erfc(x)
   return jax.scipy.special.erfc(x)
 
 
 def sigmoid(x):
-  """1 / (1 + e^{-x}), on the host (scipy) or in JAX."""
+  """1 / (1 + e^{-x}), on the host (numpy, the stable form for either sign) or in JAX."""
   if isinstance(x, _HOST_TYPES):
-    import scipy.special
-    return scipy.special.expit(x)
+    e = np.exp(-np.abs(x))
+    return np.where(np.asarray(x) >= 0.0, 1.0 / (1.0 + e), e / (1.0 + e))
   return jax.nn.sigmoid(x)
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from jaxacct import __version__, compile_cache
@@ -501,5 +502,18 @@ def main(argv=None) -> int:
   return 0
 
 
+def run() -> None:
+  """The console script (and ``python -m jaxacct.cli``): ``main``, then the process ends at once.
+
+  The output is flushed and the process exits without the interpreter's teardown of JAX's
+  runtime, ~0.3 s of a warm answer's ~1.7 s (every file the command writes, the compilation
+  cache's included, is written before ``main`` returns). An error still unwinds as usual.
+  """
+  code = main()
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(code)
+
+
 if __name__ == "__main__":
-  sys.exit(main())
+  run()

@@ -120,6 +120,26 @@ def test_a_later_process_reads_the_saved_exports_and_answers_the_same(tmp_path):
   assert eval(first[0]) == [float(bounds.lower), float(bounds.upper), float(sigma)]
 
 
+def test_the_command_ends_its_process_after_writing_everything(tmp_path):
+  """``python -m jaxacct.cli`` (the console script's ``run``) ends the process without the
+  interpreter's teardown: its whole answer is printed, the compilation cache written and the
+  exit status kept (0 for an answer, 2 for a refused input)."""
+  env = {k: v for k, v in os.environ.items() if k not in (
+         "JAXACCT_NO_CACHE", "JAX_COMPILATION_CACHE_DIR")}
+  env["JAXACCT_CACHE_DIR"] = str(tmp_path)
+  run = lambda *argv: subprocess.run([sys.executable, "-m", "jaxacct.cli", *argv], env=env,
+                                     cwd=REPO, capture_output=True, text=True, timeout=120)
+  argv = ("epsilon", "--accountant", "rdp", "--steps", "100", "--json")
+  done = run(*argv)
+  assert done.returncode == 0, done.stderr
+  answer = json.loads(done.stdout)
+  expected = jaxacct.dpsgd_epsilon(1.0, 0.01, 100, 1e-5, accountant="rdp")
+  assert answer["upper"] == float(expected.upper) and answer["steps"] == 100
+  assert any(tmp_path.rglob("*-cache")), sorted(tmp_path.rglob("*"))  # (XLA's programs)
+  refused = run("epsilon", "--delta", "2", "--json")
+  assert refused.returncode == 2 and not refused.stdout and "delta" in refused.stderr
+
+
 def test_package_imports_its_names_on_first_use():
   """``import jaxacct`` imports no JAX; each public name is the object its module defines, and
   ``dir`` lists them all."""

@@ -235,3 +235,19 @@ def test_cell_spread_is_uniform_in_exp_minus_loss(h):
     # kink (as a point mass gives) would jump by ~1 at one step.
     slope = np.diff(got) / np.diff(eps_grid)
     assert np.max(np.abs(np.diff(slope))) <= 0.15 * np.max(np.abs(slope))
+
+
+def test_host_erfc_and_sigmoid_match_scipy():
+  """The planner's host erfc (libm's below ``_SCIPY_ERFC_SIZE`` values, scipy's above) and
+  sigmoid (numpy) agree with scipy to round-off, over both signs and into the far tails (where
+  scipy does not flush to zero)."""
+  from scipy import special
+  from jaxacct import _numerics
+  x = np.concatenate([-np.geomspace(1e-300, 30.0, 401), [0.0], np.geomspace(1e-300, 26.0, 401)])
+  small = _numerics.erfc(x)
+  large = _numerics.erfc(np.resize(x, _numerics._SCIPY_ERFC_SIZE))[:x.size]
+  for value in (small, large):
+    np.testing.assert_allclose(value, special.erfc(x), rtol=2e-13, atol=0.0)
+  assert _numerics.erfc(0.5) == pytest.approx(special.erfc(0.5), rel=1e-15)
+  z = np.concatenate([-np.geomspace(1e-300, 700.0, 301), [0.0], np.geomspace(1e-300, 700.0, 301)])
+  np.testing.assert_allclose(_numerics.sigmoid(z), special.expit(z), rtol=4e-16, atol=0.0)
