@@ -128,6 +128,22 @@ def test_inside_a_float32_jit(plan):
   assert float(eps) == pytest.approx(float(ref), rel=1e-6)
 
 
+@pytest.mark.parametrize("accountant", ["spa", "edgeworth", "rdp", "gdp"])
+def test_constant_time_accountants_differentiate_inside_a_float32_jit(accountant):
+  """d epsilon / d sigma under ``jit(value_and_grad)`` with x64 off (a training program's
+  setting) against central differences of the same program: the saddle point's upper once
+  failed to compile there (a scatter's int32 bounds against its int64 indices)."""
+  # (Edgeworth's upper is inf here and GDP's nan: a central-limit figure certifies nothing.)
+  field = "upper" if accountant in ("spa", "rdp") else "estimate"
+  f = lambda s: getattr(jaxacct.dpsgd_epsilon(s, 0.02, 300.0, 1e-6, accountant=accountant), field)
+  both = jax.jit(jax.value_and_grad(f))
+  value, slope = both(1.3)
+  ends = np.float32([1.3 + 1e-3, 1.3 - 1e-3])  # (what the program sees, x64 off)
+  fd = (float(both(ends[0])[0]) - float(both(ends[1])[0])) / (float(ends[0]) - float(ends[1]))
+  assert np.isfinite(float(value)) and float(slope) < 0.0
+  assert float(slope) == pytest.approx(fd, rel=1e-4)
+
+
 def test_composed_pld_reuse_and_append():
   comp = jaxacct.dpsgd_composition(1.1, 0.01, 1500)
   plan = jaxacct.make_plan(comp, 1e-8)
