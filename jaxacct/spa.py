@@ -307,15 +307,6 @@ def _estimate_unreliable(composition, log_t, nodes, method, add):
   return _unreliable(cum, higher, t, eps, method)
 
 
-def _pick(values, field):
-  """``values[field]`` along the first axis for a traced ``field``, as a select: an indexed read
-  (a gather) transposes, under grad, to a scatter whose index bounds XLA lowers after the
-  float64 scope has closed, in int32 against the int64 index (``jit(grad)`` of the epsilon
-  failed to compile with x64 off)."""
-  chosen = jnp.arange(values.shape[0]).reshape((-1,) + (1,) * (values.ndim - 1)) == field
-  return jnp.sum(jnp.where(chosen, values, 0.0), axis=0)
-
-
 def _epsilon_direction(composition, delta, method, add):
   log_delta = jnp.log(delta)
   curve = lambda x, nodes=None: _curve_point(composition, x, method, add, nodes)
@@ -327,8 +318,8 @@ def _epsilon_direction(composition, delta, method, add):
   grid_values = _scan(residuals, composition, add)
 
   def one(field, which):  # lower (field 0), estimate (1), upper (2) and its safe bracket end
-    residual = lambda nodes: (lambda x: _pick(residuals(x, nodes), field))
-    log_t, slope, below, beyond, nodes = _decreasing_root(residual, _pick(grid_values.T, field),
+    residual = lambda nodes: (lambda x: residuals(x, nodes)[field])
+    log_t, slope, below, beyond, nodes = _decreasing_root(residual, grid_values[:, field],
                                                           which, composition, add)
     # The returned point must be on its safe side (delta_upper <= target for the upper eps,
     # delta_lower >= target for the lower), whatever the shape of the curve: else no bound.
@@ -341,11 +332,14 @@ def _epsilon_direction(composition, delta, method, add):
     nudge = which * jnp.clip(1e-8 / jnp.abs(slope), 1e-12, 1e-3)
     log_t = log_t + jax.lax.stop_gradient(nudge)
     values, eps, terms = curve(log_t, nodes)  # the nodes the root was found on
-    safe = below | on_safe_side(_pick(values, field) - log_delta)
+    safe = below | on_safe_side(values[field] - log_delta)
     # Only eps >= 0 matters: where the curve is already below the target at eps = 0, eps = 0.
     return jnp.where(below | (eps < 0.0), 0.0, eps), beyond | ~safe, log_t, nodes
 
-  eps, beyond, log_t, nodes = jax.vmap(one)(jnp.arange(3), jnp.array([-1, 0, 1]))
+  # (int32 field indices: under jit(grad) with x64 off, XLA lowers the index reads' transposed
+  # scatters after the float64 scope has closed, with int32 bounds that int64 indices fail.)
+  fields = jnp.arange(3, dtype=jnp.int32)
+  eps, beyond, log_t, nodes = jax.vmap(one)(fields, jnp.array([-1, 0, 1]))
   # A lower bound of 0 (the target is above the lower curve everywhere, or is met only at
   # eps <= 0) says nothing: vacuous, nan.
   lower = jnp.where(beyond[0] | (eps[0] <= 0.0), jnp.nan, eps[0])
