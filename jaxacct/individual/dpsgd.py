@@ -251,10 +251,17 @@ def _band_ladder(plan):
 @functools.partial(jax.jit, static_argnums=(1,))
 def _largest_above(terms, bands):
   """log max_{k >= band} |F_k| of every entry and direction, at each band: [bands, 2, grid]
-  (raised by its round-off from log F: the dropped part's bound stays a bound)."""
-  log_abs = jnp.where(terms["keep"], jnp.real(terms["log_f"]), math.log(spectrum._TINY))
-  top = jnp.stack([jnp.max(log_abs[..., b:], axis=-1) if b < log_abs.shape[-1]
-                   else jnp.full(log_abs.shape[:-1], -jnp.inf) for b in bands])
+  (raised by its round-off from log F: the dropped part's bound stays a bound). The maxima of
+  the disjoint stretches between bands, then their running maximum from the top: overlapping
+  slices of the spectra took ~0.6 GB more at the default per-example plan."""
+  log_f, keep = terms["log_f"], terms["keep"]
+  n = log_f.shape[-1]
+  ends = [min(b, n) for b in bands] + [n]
+  stretch = lambda lo, hi: (jnp.max(jnp.where(keep[..., lo:hi], jnp.real(log_f[..., lo:hi]),
+                                              math.log(spectrum._TINY)), axis=-1)
+                            if lo < hi else jnp.full(log_f.shape[:-1], -jnp.inf))
+  pieces = jnp.stack([stretch(lo, hi) for lo, hi in zip(ends[:-1], ends[1:])])
+  top = jax.lax.cummax(pieces, axis=0, reverse=True)
   return top + 4.0 * F64_EPS * (1.0 + jnp.abs(top))
 
 
