@@ -676,6 +676,26 @@ def _pld_upper_of_steps(noise, q, steps, delta):
   return accountant.get_epsilon(delta)
 
 
+@pytest.mark.parametrize("num_examples", [5, 40, 10**6], ids=["scratch_5", "scratch_40", "sort"])
+def test_first_copies_keeps_each_listed_index_once_at_its_first_position(num_examples, x64_off):
+  """``first_copies`` under jit (a scatter-min into [N] scratch where N <= 64 B, else a stable
+  sort of the batch) against a loop, on random batches with repeats, out-of-range indices and
+  invalid entries."""
+  from jaxacct.individual import filters
+  first = jax.jit(filters.first_copies, static_argnums=2)
+  rng = np.random.default_rng(num_examples)
+  for size in (7, 50):
+    for _ in range(20):
+      indices = rng.integers(-2, min(num_examples, 60) + 2, size).astype(np.int32)
+      valid = rng.random(size) < 0.8
+      seen, expected = set(), []
+      for i, v in zip(indices.tolist(), valid.tolist()):
+        expected.append(bool(v and 0 <= i < num_examples and i not in seen))
+        seen |= {i} if expected[-1] else set()
+      got = first(jnp.asarray(indices), jnp.asarray(valid), num_examples)
+      assert np.asarray(got).tolist() == expected, (indices, valid)
+
+
 @pytest.mark.parametrize("make", [
     lambda: individual.gdp_filter(1.0, 1.0, 2.0, 4),
     lambda: individual.gdp_filter(1.0, 1.0, 2.0, 4, fill_up=True),

@@ -154,14 +154,24 @@ def listed(indices, valid, num_examples):
   return valid & (indices >= 0) & (indices < num_examples)
 
 
+_SCRATCH_PER_ENTRY = 64  # an [N] scratch array where N <= this x the batch size B
+
+
 def first_copies(indices, valid, num_examples):
   """``listed`` entries that are the first valid one of their index: under ``jit`` a repeated
-  index cannot be refused, so its later copies are dropped (a stable sort of the batch,
-  O(B log B): no [N] array per update)."""
+  index cannot be refused, so its later copies are dropped. A batch of B entries that is large
+  against N (DP-GD lists every example) finds each index's first position by one scatter-min
+  into an [N] scratch array, O(B + N); a smaller one by a stable sort of the batch, O(B log B)
+  and no [N] array (XLA's CPU sort of 60,000 entries took ~9 ms a step)."""
   valid = listed(indices, valid, num_examples)
-  if indices.shape[0] < 2:
+  size = indices.shape[0]
+  if size < 2:
     return valid
   key = jnp.where(valid, indices, num_examples)
+  position = jnp.arange(size, dtype=jnp.int32)
+  if num_examples <= _SCRATCH_PER_ENTRY * size:
+    first = jnp.full(num_examples + 1, size, jnp.int32).at[key].min(position)
+    return valid & (first[key] == position)
   order = jnp.argsort(key, stable=True)
   ranked = key[order]
   leads = jnp.concatenate([jnp.ones(1, bool), ranked[1:] != ranked[:-1]])
