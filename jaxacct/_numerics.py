@@ -60,8 +60,6 @@ def array_namespace(*values):
   return np if all(isinstance(v, _HOST_TYPES) for v in leaves) else jnp
 
 
-
-
 _SCIPY_ERFC_SIZE = 100_000  # host arrays at least this long: scipy's erfc, ~5x faster a value
 
 
