@@ -2,8 +2,8 @@
 
 * ``newton_in_bracket``: safeguarded Newton on a sign bracket (rtsafe-style), elementwise over
   arrays, a static iteration budget.
-* ``bracket_search``: grows a sign bracket from a guess and shrinks it by the Illinois secant,
-  in one loop that evaluates the function once per iteration (calibration: each value is a
+* ``bracket_search``: grows a sign bracket from a guess and shrinks it by the Anderson-Bjorck
+  secant, in one loop that evaluates the function once per iteration (calibration: each value is a
   certified accountant, and the function is compiled once); on real or whole-number unknowns.
 * ``bisect``: plain bisection of an increasing function (placing quadrature nodes; no gradient).
 * ``furthest_holding`` and ``largest_whole``: on the host, where a predicate stops holding
@@ -78,15 +78,24 @@ def newton_in_bracket(value_and_slope, lo, hi, x0, iters=8, tol=0.0):
   return x, a, b, done, slope
 
 
+# The first step of a bracket search that reads its length from the first value (``slope``),
+# in log x: at least this, so that a start at the root still brackets it ...
+_SHORTEST_FIRST_STEP = 1e-6
+# ... and at most this (e^2: a far start, or no finite value there, then doubles as before).
+_LONGEST_FIRST_STEP = 2.0
+
+
 def bracket_search(evaluate, x0, *, step, lower, upper, iters=60, tol=0.0, whole=False,
-                   ftol=None, safe_end="b", count=False):
+                   ftol=None, safe_end="b", count=False, slope=None):
   """Root of a decreasing scalar function of x > 0, without a known bracket; values only.
 
   ``evaluate(x)`` returns (f(x), aux). From ``x0`` the search steps outwards in log x by
   ``step``, doubling, towards the root's side and within [``lower``, ``upper``], until f changes
-  sign; then it shrinks the bracket [a, b] (f(a) >= 0 >= f(b)) by the Illinois method: the secant
-  point of the bracket in log x (the value kept at an end that survived twice is halved, so
-  convergence stays superlinear), the midpoint where that point is not finite or not inside. One
+  sign; then it shrinks the bracket [a, b] (f(a) >= 0 >= f(b)) by the Anderson-Bjorck method:
+  the secant point of the bracket in log x (the value kept at an end that survived twice is
+  scaled by 1 - f(new) / f(replaced), halved where that is not positive, so convergence stays
+  superlinear without the overshoot of always halving), the midpoint where that point is not
+  finite or not inside; with ``ftol`` the secant aims at the middle of the safe side's band. One
   evaluation per iteration, at most ``iters``; it stops once b - a <= ``tol`` * b (``whole``: x
   is a whole number, points are rounded, and it stops at b - a <= 1), or once a point evaluated
   on the ``safe_end``'s side ("b": f <= 0, "a": f >= 0) has |f| <= ``ftol`` (that end is then as
@@ -99,7 +108,9 @@ def bracket_search(evaluate, x0, *, step, lower, upper, iters=60, tol=0.0, whole
 
   Returns (a, b, aux at a, aux at b, found): both ends evaluated where ``found``; otherwise the
   search reached the end of the domain without a sign change (the function keeps one sign).
-  ``count``: the number of evaluations read is appended (what the search cost).
+  ``count``: the number of evaluations read is appended (what the search cost). ``slope``: a
+  least |f'| in log x; the first step is then |f(x0)| / ``slope`` (within [1e-6, 2]), which
+  reaches the root where f falls at least that fast, instead of ``step``.
   """
   host = isinstance(x0, (np.ndarray, np.generic))
   xp = np if host else jnp
@@ -115,22 +126,37 @@ def bracket_search(evaluate, x0, *, step, lower, upper, iters=60, tol=0.0, whole
     right = fx >= 0.0  # the root lies at or above x
     zero = fx == 0.0   # (then x is both ends)
     have_a, have_b = c["have_a"] | right, c["have_b"] | ~right | zero
-    # Illinois: an end kept twice in a row has its value halved (kept: +1 = b, -1 = a).
-    fa = xp.where(~right & (c["kept"] < 0), 0.5 * c["fa"], c["fa"])
-    fb = xp.where(right & (c["kept"] > 0), 0.5 * c["fb"], c["fb"])
+    # Pegasus: an end kept twice in a row (kept: +1 = b, -1 = a) has its value scaled by
+    # f(replaced) / (f(replaced) + f(new)), in (0, 1): ~1 after a large step towards the root,
+    # ~1/2 (Illinois) where the other end creeps.
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+      scale_a = xp.where(~right & (c["kept"] < 0), c["fb"] / (c["fb"] + fx), 1.0)
+      scale_b = xp.where(right & (c["kept"] > 0), c["fa"] / (c["fa"] + fx), 1.0)
+      fa = c["fa"] * xp.where(scale_a > 0.0, scale_a, 0.5)
+      fb = c["fb"] * xp.where(scale_b > 0.0, scale_b, 0.5)
     a, fa = xp.where(right, x, c["a"]), xp.where(right, fx, fa)
     b, fb = xp.where(right & ~zero, c["b"], x), xp.where(right & ~zero, fb, fx)
     aux_a = jax.tree_util.tree_map(lambda n, o: _where(xp, right, n, o), aux, c["aux_a"])
     aux_b = jax.tree_util.tree_map(lambda n, o: _where(xp, right & ~zero, o, n), aux, c["aux_b"])
     # Next point: outwards while one end is missing, else the bracket's secant point.
-    grow = xp.exp(xp.where(right, 1.0, -1.0) * step * 2.0 ** c["k"])
+    first = step
+    if slope is not None:  # (the first evaluation sets each search's step)
+      with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        reach = xp.abs(fx) / slope
+      reach = xp.clip(xp.where(xp.isfinite(reach), reach, _LONGEST_FIRST_STEP),
+                      _SHORTEST_FIRST_STEP, _LONGEST_FIRST_STEP)
+      first = xp.where(c["i"] == 0, reach, c["step"])
+    grow = xp.exp(xp.where(right, 1.0, -1.0) * first * 2.0 ** c["k"])
     out = snap(x * grow)
     if whole:  # (at least one whole step)
       out = xp.where(right, xp.maximum(out, x + 1.0), xp.minimum(out, x - 1.0))
     out = xp.clip(out, lower, upper)
+    # (with ``ftol`` the secant aims at the middle of the safe side's band, f = -+ftol/2, so
+    # that a secant point close enough is also on that side: the search stops there)
+    aim = 0.0 if ftol is None else (-0.5 if safe_end == "b" else 0.5) * ftol
     with np.errstate(divide="ignore", invalid="ignore"):
       la, lb = xp.log(a), xp.log(b)
-      secant = snap(xp.exp(la + fa / (fa - fb) * (lb - la)))
+      secant = snap(xp.exp(la + (fa - aim) / (fa - fb) * (lb - la)))
     mid = xp.floor(0.5 * (a + b)) if whole else xp.exp(0.5 * (la + lb))
     inside = xp.isfinite(secant) & (secant > a) & (secant < b)
     both = have_a & have_b
@@ -140,15 +166,17 @@ def bracket_search(evaluate, x0, *, step, lower, upper, iters=60, tol=0.0, whole
     if ftol is not None:
       on_safe_side = ~right if safe_end == "b" else right
       stop = stop | (both & on_safe_side & (xp.abs(fx) <= ftol))
-    return dict(i=c["i"] + 1, x=x_next, a=a, b=b, fa=fa, fb=fb, aux_a=aux_a, aux_b=aux_b,
-                have_a=have_a, have_b=have_b, k=xp.where(both, c["k"], c["k"] + 1.0),
-                kept=xp.where(both, xp.where(right, 1, -1), 0).astype(np.int32), stop=stop)
+    state = dict(i=c["i"] + 1, x=x_next, a=a, b=b, fa=fa, fb=fb, aux_a=aux_a, aux_b=aux_b,
+                 have_a=have_a, have_b=have_b, k=xp.where(both, c["k"], c["k"] + 1.0),
+                 kept=xp.where(both, xp.where(right, 1, -1), 0).astype(np.int32), stop=stop)
+    return state if slope is None else dict(state, step=first)
 
   def start(aux0):
     no = xp.zeros(x0.shape, bool)
-    return dict(i=xp.zeros(x0.shape, np.int32), x=snap(x0), a=x0, b=x0, fa=xp.zeros_like(x0),
-                fb=xp.zeros_like(x0), aux_a=aux0, aux_b=aux0, have_a=no, have_b=no,
-                k=xp.zeros_like(x0), kept=xp.zeros(x0.shape, np.int32), stop=no)
+    state = dict(i=xp.zeros(x0.shape, np.int32), x=snap(x0), a=x0, b=x0, fa=xp.zeros_like(x0),
+                 fb=xp.zeros_like(x0), aux_a=aux0, aux_b=aux0, have_a=no, have_b=no,
+                 k=xp.zeros_like(x0), kept=xp.zeros(x0.shape, np.int32), stop=no)
+    return state if slope is None else dict(state, step=xp.full(x0.shape, step, x0.dtype))
 
   zeros = lambda tree: jax.tree_util.tree_map(lambda s: xp.zeros(s.shape, s.dtype), tree)
   if host:  # (the first values give the aux's shapes)

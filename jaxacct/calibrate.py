@@ -8,7 +8,8 @@ DP-SGD parameter at which the accountant's *certified upper bound* meets the tar
 * ``steps``: the largest whole number of steps with upper <= target.
 
 Method. The residual is log(upper / target), close to linear in log sigma (log q, log T). The
-search grows a bracket from a start and shrinks it by the Illinois secant
+search grows a bracket from a start, its first step sized by the first value and the least
+slope ``_ELASTICITY`` (for an epsilon target), and shrinks it by the Anderson-Bjorck secant
 (``_solver.bracket_search``: values only, since a slope costs about as much as another
 certified value). On concrete inputs it runs on the host, each read one call of a compiled
 accountant (one PLD setting reads through the front door's own program, so the search and the
@@ -183,6 +184,15 @@ def _guess(unknown, target, other, sigma, q, steps, relation, target_kind):
   return xp.clip(xp.where(xp.isfinite(guess), guess, 1.0), lo, hi)
 
 
+def _first_slope(unknown, target_kind):
+  """The least slope of the residual log(upper / aim) in log x that a certified search's first
+  step is sized by (``bracket_search``'s ``slope``): ``_ELASTICITY`` for an epsilon target (the
+  step then reaches the root or past it: a one-step bracket where the start is close); None for
+  a delta target, whose log falls many times faster (that step would overshoot far), which
+  keeps the fixed first step."""
+  return _ELASTICITY[unknown] if target_kind == "epsilon" else None
+
+
 def _core(unknown, accountant, target_kind, relation, full_batch, field, step, margin, target,
           other, sigma, q, steps, start, plan, iters=_SEARCH, bounds=None):
   """The calibrated value of one setting (implicit gradients) and (whether the search found a
@@ -224,7 +234,7 @@ def _core(unknown, accountant, target_kind, relation, full_batch, field, step, m
     a, b, at_a, at_b, found, reads = bracket_search(
         evaluate, start, step=step, lower=lo, upper=hi, iters=iters, tol=_TOL,
         whole=unknown == "steps", ftol=_FTOL * margin, safe_end="b" if sign > 0 else "a",
-        count=True)
+        count=True, slope=_first_slope(unknown, target_kind) if field == "upper" else None)
     value, at, far, far_at = (b, at_b, a, at_a) if sign > 0 else (a, at_a, b, at_b)
     # (as floats: custom_root gives its aux float tangents)
     floats = dataclasses.replace(at, status=at.status.astype(jnp.float64))
@@ -543,6 +553,9 @@ def _fitted_plan(opts, row, low, high, anchor, fallback, cache):
   fits. The windows are sized without the cache (a size the cache offers may be 2x larger, and
   a window that does not fit must leave no sizes there); the plan kept takes the cache's sizes
   where those fit too (``_cached_plan``)."""
+  whole = _plan_or_none(opts, row, low, high)
+  if _fits(whole, opts):  # (the usual case: the whole window fits, and so its anchor)
+    return _cached_plan(opts, row, low, high, cache, whole), low, high
   anchor = _furthest_fitting(opts, row, anchor, fallback)
   if anchor is None:
     return None, low, high
@@ -553,14 +566,15 @@ def _fitted_plan(opts, row, low, high, anchor, fallback, cache):
   return _cached_plan(opts, row, low, high, cache), low, high
 
 
-def _cached_plan(opts, row, low, high, cache):
+def _cached_plan(opts, row, low, high, cache, own=None):
   """The plan over [low, high] on sizes the cache offers (another round's compiled program)
-  where those fit ``MAX_PLAN_POINTS``, else on its own sizes (which fit)."""
+  where those fit ``MAX_PLAN_POINTS``, else on its own sizes (which fit; ``own``: that plan,
+  where made already)."""
   if cache is not None:
     plan = _plan_or_none(opts, row, low, high, size_cache=cache)
     if _fits(plan, opts):
       return plan
-  return _plan_or_none(opts, row, low, high)
+  return _plan_or_none(opts, row, low, high) if own is None else own
 
 
 def _own_plan(opts, flat, low, high, anchor, fallback, cache):
@@ -572,6 +586,9 @@ def _own_plan(opts, flat, low, high, anchor, fallback, cache):
   keys = np.concatenate([rows, np.stack([low, high, anchor, fallback], axis=-1)], axis=-1)
   unique, index = np.unique(keys, axis=0, return_inverse=True)
   index = np.ravel(index)
+  # (a batch's plans are stacked onto its largest sizes: a cache, for the rounds of one
+  # setting, would only cost each setting a second plan)
+  cache = cache if len(unique) == 1 else None
   fitted = [_fitted_plan(opts, key[:5], *key[5:8], None if np.isnan(key[8]) else key[8], cache)
             for key in unique]
   missing = [j for j, (plan, _, _) in enumerate(fitted) if plan is None]
@@ -613,11 +630,17 @@ def _host_starts(opts, flat):
   and its first window reaches from one to the other (``_NEAR`` beyond each, at most
   ``_SPREAD`` from the start). Where RDP finds nothing, the guess with ``_SPREAD`` either side.
   A PLD batch starts from the saddle-point accountant's estimate (``_starts``: one compiled
-  program, ``_SPREAD`` either side), within ~0.3% where this start is within ~1%: a setting's
-  search in a batch then reads one PLD value less, worth the start's compilation."""
+  program), within ~0.3% where this start is within ~1%: a setting's search in a batch then
+  reads one PLD value less, worth the start's compilation. Its window reaches ``_SPREAD`` to
+  the safe side and ``_NEAR`` to the other: the certified upper lies above the estimate (and
+  the central-limit guess, where it is the start, is optimistic), so the answer lies on the
+  safe side, and the other end, the costly one, sizes the plan (epsilon 1...4: 1.4x fewer grid
+  points than ``_SPREAD`` either side)."""
   if opts.accountant == "pld" and np.size(flat[1]) > 1:
     start, clt = _starts(opts, flat)
-    return start, start / _SPREAD, start * _SPREAD, clt
+    if opts.unknown == "noise_multiplier":  # (the safe side: larger sigma, smaller q and T)
+      return start, start / _NEAR, start * _SPREAD, clt
+    return start, start / _SPREAD, start * _NEAR, clt
   clt = _guess(opts.unknown, *(np.asarray(a, np.float64) for a in flat[1:]), opts.relation,
                opts.target)
   start, low, high = clt, clt / _SPREAD, clt * _SPREAD
@@ -895,7 +918,7 @@ def _search(opts, flat, x0, window, evaluations):
   a, b, at_a, at_b, found, reads = bracket_search(
       evaluate, np.asarray(x0, np.float64), step=_STEP, lower=low, upper=high, iters=evaluations,
       tol=_TOL, whole=opts.unknown == "steps", ftol=_FTOL * margin,
-      safe_end="b" if sign > 0 else "a", count=True)
+      safe_end="b" if sign > 0 else "a", count=True, slope=_first_slope(opts.unknown, opts.target))
   value, at, far, far_at = (b, at_b, a, at_a) if sign > 0 else (a, at_a, b, at_b)
   return Found(value, found, at, far_at.status, far, reads)
 

@@ -139,6 +139,41 @@ def test_secant_bracket_search_whole_numbers_and_no_sign_change():
   assert not bool(found)
 
 
+@pytest.mark.parametrize("host", [True, False])
+def test_a_first_step_sized_by_the_least_slope_brackets_in_one_step(host):
+  """With ``slope`` (a least |f'| in log x) the first step is |f(x0)| / slope: on functions that
+  fall at least that fast it reaches the root or past it, so a close start is bracketed by its
+  first step and the search needs fewer values than with the fixed step (the same roots, on the
+  safe end's side within ftol); a start far off or with no finite value still finds it. The
+  host's (numpy, a batch) and the compiled (vmapped) searches agree."""
+  roots = np.array([1.0004, 1.012, 0.97, 1.0 + 1e-9, 40.0, 1e-3])
+  steepness = np.array([1.0, 1.7, 3.0, 2.0, 1.2, 1.0])
+
+  def search(root, steep, **kw):
+    xp = np if host else jnp
+    def evaluate(x):  # decreasing, slope -steep in log x, +inf far below the root's side
+      return xp.where(x < 1e-3 * root, xp.inf, steep * (xp.log(root) - xp.log(x))), x
+    _, b, _, _, found, reads = bracket_search(
+        evaluate, xp.ones_like(root), step=0.01, lower=1e-9, upper=1e6, tol=1e-12, ftol=1e-6,
+        safe_end="b", count=True, **kw)
+    return b, found, reads
+
+  run = (lambda **kw: search(roots, steepness, **kw)) if host else (
+      lambda **kw: jax.vmap(lambda r, s: search(r, s, **kw))(roots, steepness))
+  fixed_b, fixed_found, fixed_reads = (np.asarray(v) for v in run())
+  b, found, reads = (np.asarray(v) for v in run(slope=1.0))
+  assert found.all() and fixed_found.all()
+  for ends in (b, fixed_b):  # the safe end: f <= 0 within ftol, i.e. at or just above each root
+    assert np.all(ends >= roots) and np.all(np.log(ends / roots) * steepness <= 1e-6)
+  assert reads[0] <= 3 and reads[3] <= 3, reads  # close starts: bracketed by the first step
+  assert np.sum(reads) < np.sum(fixed_reads), (reads, fixed_reads)
+  # A start with no finite value (f = +inf: no bound there) takes the longest first step, e^2.
+  b, found = (np.asarray(v) for v in bracket_search(
+      lambda x: (np.where(x < 0.5, np.inf, np.log(0.7) - np.log(x)), x), np.array([0.2]),
+      step=0.01, lower=np.array([1e-9]), upper=np.array([1e6]), tol=1e-12, slope=1.0)[1:5:3])
+  assert found.all() and b == pytest.approx(0.7, rel=1e-11)
+
+
 def _central(f, x, h):
   return (f(x + h) - f(x - h)) / (2.0 * h)
 
