@@ -12,8 +12,9 @@ search grows a bracket from a start, its first step sized by the first value and
 slope ``_ELASTICITY`` (for an epsilon target), and shrinks it by the Anderson-Bjorck secant
 (``_solver.bracket_search``: values only, since a slope costs about as much as another
 certified value). On concrete inputs it runs on the host, each read one call of a compiled
-accountant (one PLD setting reads through the front door's own program, so the search and the
-check compile one), or, for a PLD batch, as one compiled loop in which each setting stops on
+accountant (one PLD setting, but against groups, reads the front door itself: its own plan at
+each value, so the answer is exact against it and nearby values share one program), or, for a
+PLD batch, as one compiled loop in which each setting stops on
 its own; under a caller's jit/vmap/grad it is one compiled loop. The value returned
 is the bracket end at which the upper bound was *evaluated* on the target's safe side, aimed at
 ``(1 - margin)`` times the target so that the front door's own plan (which may differ a little
@@ -33,7 +34,9 @@ range or vacuous, or more than 10x from the guess, is no estimate: at delta 1e-1
 
 Plans. The PLD accountant needs an accuracy plan that serves every value the search visits. With
 concrete inputs it is made here, one per setting, for a window around the start (reaching from
-the central-limit guess to RDP's value, at most 15% from the start), and remade when the answer lies at the window's edge: the next window reaches past that edge
+the central-limit guess to RDP's value, at most 15% from the start; for a batch 15% to the safe
+side, 5% to the other), and remade when the answer lies at the window's edge (where one setting
+reads the front door, the window only bounds its reads): the next window reaches past that edge
 towards larger epsilon as far as the certified upper there says the target may lie (epsilon
 falls at least as fast as 1 / sigma, 1 / q and 1 / sqrt(T)), never around the old one (a
 window of a wide range of sigma takes the finest grid of its largest sigma and the loss range
@@ -893,7 +896,7 @@ def _search(opts, flat, x0, window, evaluations):
   """Every setting's certified search from ``x0`` on ``window``'s plan, within the values it
   serves (``_search_bounds``), reading at most ``evaluations`` values each. One setting, or a
   constant-time accountant: the bracket search runs on the host, each of its reads one call of
-  a compiled accountant (``_read``; one PLD setting shares the front door's program). A batch
+  a compiled accountant (``_read``; one PLD setting reads the front door itself). A batch
   on the PLD accountant: one compiled program (``_runner``), each setting's search stopping on
   its own. The value is the safe end of the final bracket: where the upper was seen below the
   aim (b for sigma, whose upper falls as it grows; a for q and T)."""
@@ -925,9 +928,11 @@ def _search(opts, flat, x0, window, evaluations):
 
 def _read(opts, flat, x, plan):
   """The accountant's certified bounds of every setting of a flat batch with the unknown at
-  ``x`` (host arrays). One PLD setting runs the front door's own program
-  (``pld.accountant.single_program``: the calibration and its check compile one), another
-  accountant ``_reader``'s."""
+  ``x`` (host arrays). One PLD setting reads the front door itself (``_reads_front_door``),
+  one PLD setting against groups the front door's program on ``plan``, another accountant
+  ``_reader``'s."""
+  if _reads_front_door(opts, x):
+    return _front_door_bounds(opts, flat, x)
   _, _, other, sigma, q, steps = (np.asarray(a, np.float64) for a in flat)
   known = {"noise_multiplier": sigma, "sampling_rate": q, "steps": steps, opts.unknown: x}
   if opts.accountant == "pld" and opts.unknown != "steps":
@@ -941,6 +946,17 @@ def _read(opts, flat, x, plan):
   run = _compiled("read", opts.accountant, opts.target, opts.relation, opts.full_batch)
   bounds = run(jnp.asarray(other), *(jnp.asarray(known[name]) for name in UNKNOWNS), plan)
   return jax.tree.map(np.asarray, bounds)
+
+
+def _reads_front_door(opts, x):
+  """Whether the search of one PLD setting (not against groups) reads the front door at each
+  value: its own plan there and its program, as ``dpsgd_epsilon``/``dpsgd_delta`` give them in
+  a fresh process. The answer is then exact against the front door (its check rereads the last
+  value), and the search, the check and a later call at the answer share their compilations
+  (nearby values share plan sizes: the default calibration compiles one PLD program, not the
+  window's and the answer's); the window only bounds where the search reads."""
+  return (opts.accountant == "pld" and np.shape(x) == (1,)
+          and not isinstance(opts.relation, GroupSteps))
 
 
 def _check_found(opts, flat, found, spent, failed):
@@ -971,10 +987,23 @@ def _stuck(opts, found, window):
 def _failed_rows(opts, found, window, own_plan):
   """The settings whose answer lies past what their own plan served: their search stopped at
   the window's edge without a sign change (``_stuck``), or read values the plan's floor does
-  not hold."""
+  not hold (not where the front door was read: its own plans and reruns are all there is)."""
   status = np.asarray(found.bounds.status) | found.far_status
+  if _reads_front_door(opts, found.value):
+    status = np.zeros_like(status)
   at_low, at_high = _stuck(opts, found, window)
   return own_plan & ((status & _SHARED_PLAN_FAILED != 0) | at_low | at_high)
+
+
+def _front_door_bounds(opts, flat, value):
+  """The certified bounds at ``value`` as ``jaxacct.dpsgd_epsilon``/``dpsgd_delta`` give them,
+  with the call's accountant and eps_error (host arrays)."""
+  _, _, other, sigma, q, steps = flat
+  known = {"noise_multiplier": sigma, "sampling_rate": q, "steps": steps, opts.unknown: value}
+  fn = dpsgd_epsilon if opts.target == "epsilon" else dpsgd_delta
+  bounds = fn(known["noise_multiplier"], known["sampling_rate"], known["steps"], other,
+              relation=opts.relation, accountant=opts.accountant, eps_error=opts.eps_error)
+  return jax.tree.map(np.asarray, bounds)
 
 
 def _front_door_upper(opts, flat, value):
@@ -986,10 +1015,7 @@ def _front_door_upper(opts, flat, value):
     return np.asarray(opts.relation.upper(opts.target, known["noise_multiplier"],
                                           known["sampling_rate"], known["steps"], other,
                                           opts.accountant, opts.eps_error))
-  fn = dpsgd_epsilon if opts.target == "epsilon" else dpsgd_delta
-  return np.asarray(fn(known["noise_multiplier"], known["sampling_rate"], known["steps"], other,
-                       relation=opts.relation, accountant=opts.accountant,
-                       eps_error=opts.eps_error).upper)
+  return _front_door_bounds(opts, flat, value).upper
 
 
 def _front_door_excess(opts, flat, value):
@@ -1099,8 +1125,9 @@ def _calibrate(unknown, target, accountant, relation, plan, size_cache, epsilon,
     evaluations = _SEARCH
     if own:
       evaluations, spent, sizes = _allowance(opts, flat, window, spent, sizes)
-    report(f"certified search {attempt + 1}" + (f" on a {window.plan.fft_size:,}-point plan"
-                                                if own else ""))
+    on = (" at the front door" if _reads_front_door(opts, x0)
+          else f" on a {window.plan.fft_size:,}-point plan" if own else "")
+    report(f"certified search {attempt + 1}{on}")
     found = _search(opts, flat, x0, window, evaluations)
     if own:
       spent = _spent(opts, window, spent, found)

@@ -75,6 +75,28 @@ def test_a_batch_plans_each_setting_apart():
     assert stacked.log_tail[i] == float(plan.log_tail)
 
 
+def test_one_setting_reads_the_front_door_and_compiles_one_program(monkeypatch):
+  """The README's calibration (epsilon 2, delta 1e-5, q 0.01, T 1000): each value the search
+  reads, and the check, is the front door's own answer there (its plan, as in a fresh process):
+  the answer's upper is exactly ``dpsgd_epsilon``'s, and every read ran on the plan sizes of the
+  answer's own plan: one compiled PLD program (the window's plan is not compiled)."""
+  from jaxacct.pld import accountant, make_plan
+  sizes, run = [], accountant._run
+  monkeypatch.setattr(accountant, "_run", lambda quantity, flat, plan, *a, **k: (
+      sizes.append(plan.sizes), run(quantity, flat, plan, *a, **k))[1])
+  reads = []
+  front_door = calibrate._front_door_bounds
+  monkeypatch.setattr(calibrate, "_front_door_bounds", lambda opts, flat, value: (
+      reads.append(float(value[0])), front_door(opts, flat, value))[1])
+  sigma = float(calibrate.noise_multiplier(2.0, 1e-5, 0.01, 1000))
+  monkeypatch.undo()
+  own = make_plan(jaxacct.dpsgd_composition(sigma, 0.01, 1000), 1e-5)
+  assert len(reads) >= 3 and reads[-1] == sigma  # (the check rereads the answer)
+  assert set(sizes) == {own.sizes}, (sizes, own.sizes)
+  upper = float(_upper(sigma, 0.01, 1000, 1e-5))
+  assert 2.0 * (1.0 - 2.5e-4) <= upper <= 2.0 * (1.0 - 2e-4)  # (the aim, to its ftol)
+
+
 def _recording_plans(monkeypatch):
   """The windows and plan sizes of each search's plan (``calibrate._own_plan``'s results)."""
   calls, own_plan = [], calibrate._own_plan
