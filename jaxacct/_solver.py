@@ -2,8 +2,8 @@
 
 * ``newton_in_bracket``: safeguarded Newton on a sign bracket (rtsafe-style), elementwise over
   arrays, a static iteration budget.
-* ``bracket_search``: grows a sign bracket from a guess and shrinks it by the Anderson-Bjorck
-  secant, in one loop that evaluates the function once per iteration (calibration: each value is a
+* ``bracket_search``: grows a sign bracket from a guess and shrinks it by the Pegasus secant,
+  in one loop that evaluates the function once per iteration (calibration: each value is a
   certified accountant, and the function is compiled once); on real or whole-number unknowns.
 * ``bisect``: plain bisection of an increasing function (placing quadrature nodes; no gradient).
 * ``furthest_holding`` and ``largest_whole``: on the host, where a predicate stops holding
@@ -91,10 +91,10 @@ def bracket_search(evaluate, x0, *, step, lower, upper, iters=60, tol=0.0, whole
 
   ``evaluate(x)`` returns (f(x), aux). From ``x0`` the search steps outwards in log x by
   ``step``, doubling, towards the root's side and within [``lower``, ``upper``], until f changes
-  sign; then it shrinks the bracket [a, b] (f(a) >= 0 >= f(b)) by the Anderson-Bjorck method:
-  the secant point of the bracket in log x (the value kept at an end that survived twice is
-  scaled by 1 - f(new) / f(replaced), halved where that is not positive, so convergence stays
-  superlinear without the overshoot of always halving), the midpoint where that point is not
+  sign; then it shrinks the bracket [a, b] (f(a) >= 0 >= f(b)) by the Pegasus method: the
+  secant point of the bracket in log x (the value kept at an end that survived twice is scaled
+  by f(replaced) / (f(replaced) + f(new)), so convergence stays superlinear without the
+  overshoot of Illinois's halving after a good step), the midpoint where that point is not
   finite or not inside; with ``ftol`` the secant aims at the middle of the safe side's band. One
   evaluation per iteration, at most ``iters``; it stops once b - a <= ``tol`` * b (``whole``: x
   is a whole number, points are rounded, and it stops at b - a <= 1), or once a point evaluated

@@ -9,12 +9,12 @@ DP-SGD parameter at which the accountant's *certified upper bound* meets the tar
 
 Method. The residual is log(upper / target), close to linear in log sigma (log q, log T). The
 search grows a bracket from a start, its first step sized by the first value and the least
-slope ``_ELASTICITY`` (for an epsilon target), and shrinks it by the Anderson-Bjorck secant
+slope ``_ELASTICITY`` (for an epsilon target), and shrinks it by the Pegasus secant
 (``_solver.bracket_search``: values only, since a slope costs about as much as another
 certified value). On concrete inputs it runs on the host, each read one call of a compiled
-accountant (one PLD setting, but against groups, reads the front door itself: its own plan at
-each value, so the answer is exact against it and nearby values share one program), or, for a
-PLD batch, as one compiled loop in which each setting stops on
+accountant (one PLD setting with an epsilon target, but against groups, reads the front door
+itself: its own plan at each value, so the answer is exact against it and nearby values share
+one program), or, for a PLD batch, as one compiled loop in which each setting stops on
 its own; under a caller's jit/vmap/grad it is one compiled loop. The value returned
 is the bracket end at which the upper bound was *evaluated* on the target's safe side, aimed at
 ``(1 - margin)`` times the target so that the front door's own plan (which may differ a little
@@ -949,13 +949,16 @@ def _read(opts, flat, x, plan):
 
 
 def _reads_front_door(opts, x):
-  """Whether the search of one PLD setting (not against groups) reads the front door at each
-  value: its own plan there and its program, as ``dpsgd_epsilon``/``dpsgd_delta`` give them in
-  a fresh process. The answer is then exact against the front door (its check rereads the last
-  value), and the search, the check and a later call at the answer share their compilations
-  (nearby values share plan sizes: the default calibration compiles one PLD program, not the
-  window's and the answer's); the window only bounds where the search reads."""
-  return (opts.accountant == "pld" and np.shape(x) == (1,)
+  """Whether the search of one PLD setting for an epsilon target (not against groups) reads the
+  front door at each value: its own plan there and its program, as ``dpsgd_epsilon`` gives them
+  in a fresh process. The answer is then exact against the front door (its check rereads the
+  last value), and the search, the check and a later call at the answer share their
+  compilations (nearby values share plan sizes: the default calibration compiles one PLD
+  program, not the window's and the answer's); the window only bounds where the search reads,
+  and its plan (sized at the same delta) bounds each read's cost. (``dpsgd_delta`` plans down
+  to its smallest_delta, 1e-10, where the window plans for a tenth of the target: a delta
+  target keeps the window's program.)"""
+  return (opts.accountant == "pld" and opts.target == "epsilon" and np.shape(x) == (1,)
           and not isinstance(opts.relation, GroupSteps))
 
 
