@@ -18,13 +18,14 @@ import numpy as np
 from jaxacct import calibrate as _calibrate
 from jaxacct._inputs import check_range
 from jaxacct._numerics import accounting_device
+from jaxacct._solver import bracket_search
 from jaxacct.individual import DEFAULT_ORDERS, rdp_epsilon
 from jaxacct.training.sampling import DPConfig
 from jaxacct.training.accounting import planned_epsilon
 
 # The answer's planned epsilon lies in [(1 - _CLOSE) target, target].
 _CLOSE = 5e-3
-_ROUNDS = 40  # evaluations of the planned epsilon at most, in the bracket and in the secant each
+_ROUNDS = 60  # evaluations of the planned epsilon at most
 
 
 def _start(config: DPConfig, target: float) -> float:
@@ -46,50 +47,24 @@ def _log_excess(config, sigma, target, device=None):
   return math.log(planned_epsilon(_with_sigma(config, sigma, target), device) / target)
 
 
-def _bracket(excess, sigma, value):
-  """((sigma, excess) above the target, (sigma, excess) at or below it), grown from ``sigma``
-  (whose excess is ``value``) geometrically: the excess is near-linear in log sigma."""
-  step = max(abs(value), 1e-3)
-  above = below = None
-  for _ in range(_ROUNDS):
-    if value > 0:
-      above = (sigma, value)
-    else:
-      below = (sigma, value)
-    if above and below:
-      return above, below
-    sigma *= math.exp(step if value > 0 else -step)
-    step *= 2.0
-    value = excess(sigma)
-  raise ValueError("no noise multiplier brackets the target (the planned epsilon does not fall "
-                   "with sigma here)")
-
-
 def _smallest_sigma(excess, sigma):
-  """The noise multiplier whose planned epsilon is in [(1 - _CLOSE), 1] times the target:
-  Illinois secant in log sigma between a bracket's ends, returning the end at or below it."""
-  floor = math.log1p(-_CLOSE)
+  """The noise multiplier whose planned epsilon is in [(1 - _CLOSE), 1] times the target: ``sigma``
+  where it already is, else ``_solver.bracket_search`` in log sigma from it (on the host, one
+  planned epsilon per value; its first step sized by the excess, as epsilon falls at least
+  like 1 / sigma), the end at or below the target."""
+  band = -math.log1p(-_CLOSE)
   value = excess(sigma)
-  if floor <= value <= 0:
+  if -band <= value <= 0.0:
     return sigma
-  (lo, f_lo), (hi, f_hi) = _bracket(excess, sigma, value)
-  w_lo, w_hi, side = f_lo, f_hi, 0  # (the secant's weights: Illinois halves a stale end's)
-  for _ in range(_ROUNDS):
-    if f_hi >= floor:
-      return hi
-    middle = math.exp(math.log(lo) + w_lo / (w_lo - w_hi) * (math.log(hi) - math.log(lo)))
-    if not lo < middle < hi:
-      middle = math.sqrt(lo * hi)
-    value = excess(middle)
-    if value > 0:
-      lo, f_lo, w_lo = middle, value, value
-      w_hi = w_hi / 2 if side == -1 else w_hi
-      side = -1
-    else:
-      hi, f_hi, w_hi = middle, value, value
-      w_lo = w_lo / 2 if side == 1 else w_lo
-      side = 1
-  return hi
+  lo, hi = _calibrate.DOMAIN["noise_multiplier"]
+  evaluate = lambda x: (np.array([value if x[0] == sigma else excess(float(x[0]))]), x)
+  _, b, _, _, found = bracket_search(evaluate, np.array([sigma]), step=1e-3, lower=np.array([lo]),
+                                     upper=np.array([hi]), iters=_ROUNDS, ftol=band,
+                                     safe_end="b", slope=1.0)
+  if not found[0]:
+    raise ValueError("no noise multiplier brackets the target (the planned epsilon does not fall "
+                     "with sigma here)")
+  return float(b[0])
 
 
 def _check_above_rdp_floor(target, delta):
