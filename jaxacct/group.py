@@ -543,6 +543,7 @@ def linear_epsilon(noise_multiplier, steps, delta, group_size, *, sampling_rate=
                 jnp.broadcast_to(one.status, jnp.broadcast_shapes(one.status.shape, k.shape)))
 
 
-__all__ = ["GroupSteps", "check_fixed_batch", "check_group_size", "valid_group_size", "binomial_log_weights", "example_composition", "fixed_batch_mixture",
+__all__ = ["GroupSteps", "check_fixed_batch", "check_group_size", "valid_group_size",
+           "binomial_log_weights", "example_composition", "fixed_batch_mixture",
            "group_composition", "group_delta", "group_epsilon", "group_mixture", "group_plan",
            "hypergeometric_log_weights", "lemma_epsilon", "linear_epsilon", "poisson_mixture"]
