@@ -104,9 +104,13 @@ def select(flat, indices):
 
 
 def reshaped(out, shape):
-  """Every leaf of a flat result reshaped to the batch shape (host results: in one dispatch)."""
+  """Every leaf of a flat result reshaped to the batch shape: numpy results on the host, then
+  placed as arrays (nothing compiled: a one-question process compiles its accountant alone),
+  device results in one dispatch."""
   if is_traced(out):
     return jax.tree_util.tree_map(lambda a: a.reshape(shape + a.shape[1:]), out)
+  if all(isinstance(a, np.ndarray) for a in jax.tree_util.tree_leaves(out)):
+    return jax.tree_util.tree_map(lambda a: jax.device_put(a.reshape(shape + a.shape[1:])), out)
   return _reshape_all(out, shape)
 
 
@@ -127,8 +131,8 @@ def blockwise(single, chunk):
 
   def run(flat):
     size = jax.tree_util.tree_leaves(flat)[0].shape[0]
-    if size == 1:  # (the leading axis is added in the compiled call)
-      return one(*take(flat, 0))
+    if size == 1:  # (the leading axis is added in the compiled call; the result to the host)
+      return jax.device_get(one(*take(flat, 0)))
     if is_traced(flat):
       return jax.lax.map(lambda el: single(*el), flat, batch_size=min(size, chunk))
     parts = []
@@ -181,4 +185,4 @@ def answer(run, composition, x):
     result = run(select(flat, busy))
     for name in fields:
       fields[name][busy] = np.asarray(getattr(result, name))
-  return Bounds(**{name: jnp.asarray(value.reshape(shape)) for name, value in fields.items()})
+  return Bounds(**{name: jax.device_put(value.reshape(shape)) for name, value in fields.items()})

@@ -443,18 +443,20 @@ def _margin(opts, target_value, gap=None):
   accountant, scaled with a coarser eps_error (relative at every epsilon: an absolute 2e-4 aimed
   epsilon 1e-3 at 8e-4 and gave a sigma 25% too large), round-off for the others; at most
   ``gap`` (absolute: ``get_noise_multiplier``'s tolerance)."""
-  target_value = jnp.asarray(target_value, jnp.float64)
+  xp = array_namespace(target_value)  # (host values stay on the host: nothing compiled)
+  target_value = xp.asarray(target_value, xp.float64)
   margin = (_PLD_MARGIN[opts.target] * _coarseness(opts.eps_error) if opts.accountant == "pld"
             else _EXACT_MARGIN)
-  margin = jnp.full(jnp.shape(target_value), margin)
-  return margin if gap is None else jnp.minimum(margin, gap / target_value)
+  margin = xp.full(xp.shape(target_value), margin)
+  return margin if gap is None else xp.minimum(margin, gap / target_value)
 
 
 def _settings(unknown, known, target_value, other, margin):
   """(margin, target, other, sigma, q, steps) broadcast and flattened (the unknown's slot: 1)."""
   full = [margin, target_value, other] + [known.get(name, 1.0) for name in UNKNOWNS]
-  arrays = jnp.broadcast_arrays(*[jnp.asarray(a, jnp.float64) for a in full])
-  return arrays[0].shape, tuple(jnp.ravel(a) for a in arrays)
+  xp = array_namespace(*full)  # (host values stay on the host: nothing compiled)
+  arrays = xp.broadcast_arrays(*[xp.asarray(a, xp.float64) for a in full])
+  return arrays[0].shape, tuple(xp.ravel(a) for a in arrays)
 
 
 def _rows(flat):
@@ -904,8 +906,8 @@ def _search(opts, flat, x0, window, evaluations):
   if opts.accountant == "pld" and np.shape(x0)[0] > 1:
     run = _compiled("search", *opts.key, True)
     value, (found, bounds, far_status, far, reads) = run(
-        *flat, jnp.asarray(x0), window.plan, jnp.asarray(low), jnp.asarray(high),
-        jnp.float64(evaluations))
+        *flat, np.asarray(x0, np.float64), window.plan, np.asarray(low, np.float64),
+        np.asarray(high, np.float64), np.float64(evaluations))
     return Found(np.asarray(value), np.asarray(found), jax.tree.map(np.asarray, bounds),
                  np.asarray(far_status), np.asarray(far), np.asarray(reads))
   sign = 1.0 if opts.unknown == "noise_multiplier" else -1.0
@@ -938,13 +940,13 @@ def _read(opts, flat, x, plan):
   if opts.accountant == "pld" and opts.unknown != "steps":
     known["steps"] = np.round(known["steps"])  # (the PLD accountant composes whole steps)
   if opts.accountant == "pld" and x.shape == (1,):
-    row = {name: jnp.asarray(value[0]) for name, value in known.items()}
+    row = {name: np.float64(value[0]) for name, value in known.items()}
     comp = _composition(row["noise_multiplier"], row["sampling_rate"], row["steps"],
                         opts.relation, opts.full_batch)
-    bounds = _pld.single_program(opts.target)(comp, jnp.asarray(other[0]), plan)
+    bounds = _pld.single_program(opts.target)(comp, np.float64(other[0]), plan)
     return jax.tree.map(lambda leaf: np.reshape(np.asarray(leaf), (1,)), bounds)
   run = _compiled("read", opts.accountant, opts.target, opts.relation, opts.full_batch)
-  bounds = run(jnp.asarray(other), *(jnp.asarray(known[name]) for name in UNKNOWNS), plan)
+  bounds = run(other, *(np.asarray(known[name], np.float64) for name in UNKNOWNS), plan)
   return jax.tree.map(np.asarray, bounds)
 
 
@@ -1034,7 +1036,7 @@ def _reaimed(flat, excess):
   """The flat batch aimed lower by twice each setting's excess (and round-off) where it has one:
   the front door's plan read a higher upper than the search's."""
   margin = np.asarray(flat[0]) + 2.0 * excess + np.where(excess > 0.0, _EXACT_MARGIN, 0.0)
-  return (jnp.asarray(np.minimum(margin, _MAX_MARGIN)),) + flat[1:]
+  return (np.minimum(margin, _MAX_MARGIN),) + flat[1:]
 
 
 def _unreachable(opts, flat, value, index):
@@ -1153,7 +1155,7 @@ def _calibrate(unknown, target, accountant, relation, plan, size_cache, epsilon,
   if unknown == "steps":
     report("the last whole step")
     value = _last_whole_step(opts, flat, value)
-  return jnp.reshape(jnp.asarray(value), shape)
+  return jax.device_put(np.reshape(np.asarray(value, np.float64), shape))  # (nothing compiled)
 
 
 def _last_whole_step(opts, flat, steps):

@@ -109,9 +109,9 @@ def _run(quantity, flat, plan, batch_size, models=None):
   ``models`` (the compositions' shared, unbatched models) each model is evaluated once."""
   one, many = _RUNNERS[quantity]
   size = jax.tree_util.tree_leaves(flat)[0].shape[0]
-  if size == 1:
-    out = one(*_batch.take(flat, 0), plan)
-    return jax.tree_util.tree_map(lambda a: jnp.reshape(a, (1,)), out)
+  if size == 1:  # (reshaped on the host: nothing compiled beside the accountant)
+    out = jax.device_get(one(*_batch.take(flat, 0), plan))
+    return jax.tree_util.tree_map(lambda a: np.reshape(a, (1,)), out)
   if models is not None:
     counts = jnp.stack([jnp.asarray(c) for c in flat[0].counts], axis=1)
     return _shared(models, counts, jnp.asarray(flat[1]), plan, _chunk(plan, batch_size),
@@ -156,8 +156,8 @@ def _answer(quantity, composition, x, plan, planner, size_cache, batch_size):
                      "grid: pass plan=jaxacct.make_plan(...) (or dpsgd_plan) for the worst case")
   models = None
   if not is_traced(composition) and _shares_models(composition):
-    models = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float64),
-                                    composition.mechanisms)
+    models = jax.tree_util.tree_map(lambda a: jax.device_put(np.asarray(a, np.float64)),
+                                    composition.mechanisms)  # (converted on the host)
   if plan is not None:
     run = lambda flat: _run(quantity, flat, plan, batch_size, models)
   else:
