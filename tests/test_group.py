@@ -94,13 +94,17 @@ def test_issue_table_poisson_sigma_1_in_one_batched_call():
   ks = np.array([1, 2, 4, 8, 9])
   expected = [2.9553, 6.4326, 14.5350, 34.8907, 40.8010]
   # The digest's independent prototype (connect-the-dots at 1e-4, within 1e-8 of dp-accounting;
-  # k = 8 from dp-accounting, 6 decimals): near-exact values the upper must not fall below.
+  # k = 8 from dp-accounting, 6 decimals): pessimistic, so upper bounds of the truth that the
+  # lower must not exceed, and near-exact: the upper may fall below them only by their own
+  # discretisation bias (k = 1: dp-accounting's connect-the-dots at 3e-5 gives 2.9552470, 4e-6
+  # below its value at 1e-4; a batch whose settings are each planned on a grid of their own is
+  # that tight).
   precise = [2.955258019, 6.432606924, 14.534980747, 34.890699, 40.801047701]
   out = jaxacct.group_epsilon(1.0, 2000, 1e-6, ks, sampling_rate=0.01)
   assert out.upper.shape == (5,)
   for i, (ref, exact) in enumerate(zip(expected, precise)):
     assert int(out.status[i]) == 0
-    assert float(out.lower[i]) <= exact and exact * (1 - 1e-6) <= float(out.upper[i])
+    assert float(out.lower[i]) <= exact and exact * (1 - 1e-5) <= float(out.upper[i])
     assert float(out.estimate[i]) == pytest.approx(ref, rel=1e-3)
   # eps grows with k, and stays above k eps_1 (the paper's linear line) and below the lemma.
   assert np.all(np.diff(np.asarray(out.estimate)) > 0)

@@ -2,7 +2,8 @@
 fails on a plan (a wider window, a plan of a setting's own).
 
 Data flows one way: ``epsilon``/``delta`` check their inputs, answer settings of no steps at once
-(epsilon = delta = 0), plan the rest on the host (``plan.make_plan``), run the compiled accountant
+(epsilon = delta = 0), plan the rest on the host (``plan.batch_plan``: a batch's settings each
+sized apart where that is cheaper than one grid for all), run the compiled accountant
 (``distribution.compose`` + ``query``) on each block of settings, and, where jaxacct made the
 plan, rerun what a certificate could not serve on the plan ``plan.widen`` or a setting's own
 plan gives. Under ``jit``/``vmap``/``grad`` the inputs are traced: there is no planning, the
@@ -54,12 +55,16 @@ def _delta_single(composition, epsilon, plan):
 
 
 def _mapped(single):
-  """``single(composition, x, plan)`` over a flat batch in chunks of ``chunk`` (vmapped)."""
+  """``single(composition, x, plan)`` over a flat batch in chunks of ``chunk`` (vmapped); a
+  plan whose leaves are [settings] (``plan.batch_plan``: each setting its own grid) is mapped
+  with the batch, one with scalar leaves serves every setting."""
 
   def run(composition, x, plan, chunk):
     # (batch_size=1 would still vmap, over a batch of one; a plain map is a loop.)
-    return jax.lax.map(lambda args: single(*args, plan), (composition, x),
-                       batch_size=chunk if chunk > 1 else None)
+    chunk = chunk if chunk > 1 else None
+    if jnp.ndim(plan.grid_step) == 0:
+      return jax.lax.map(lambda args: single(*args, plan), (composition, x), batch_size=chunk)
+    return jax.lax.map(lambda args: single(*args), (composition, x, plan), batch_size=chunk)
 
   return fast_jit(scoped_gradients(run, nondiff_argnums=(3,)), static_argnums=(3,))
 
@@ -122,10 +127,11 @@ def _run(quantity, flat, plan, batch_size, models=None):
 def _planned(quantity, flat, planner, size_cache, batch_size, models=None):
   """``_run`` on a plan made for ``flat`` by ``planner``; what a certificate could not serve is
   rerun: on a wider window (twice at most) after WINDOW_TOO_SMALL, and, in a batch, a setting
-  whose certificate failed on the shared plan on a plan of its own (the tighter upper kept).
+  whose certificate failed on the batch's plan on a plan of its own (the tighter upper kept).
   With shared ``models`` the planner also evaluates each model once."""
   composition, x = flat
-  plan = planner(composition if models is None else Composition(models, composition.counts), x)
+  plan = planner(composition if models is None else Composition(models, composition.counts), x,
+                 models is None)
   result = _run(quantity, flat, plan, batch_size, models)
   for _ in range(2):
     if not np.any(np.asarray(result.status) & WINDOW_TOO_SMALL):
@@ -166,10 +172,13 @@ def _answer(quantity, composition, x, plan, planner, size_cache, batch_size):
 
 
 def _planner(eps_error, delta_error, size_cache, smallest_delta=None):
-  """Plans a flat batch for its worst case (for delta queries: down to ``smallest_delta``)."""
-  def plan(composition, x):
-    return _plan.make_plan(composition, x if smallest_delta is None else smallest_delta,
-                           eps_error, delta_error, size_cache)
+  """Plans a flat batch (for delta queries: down to ``smallest_delta``): each setting sized
+  apart where that is cheaper (``plan.batch_plan``; not where the settings share their models,
+  which are then discretised once on one grid), else one grid for the batch's worst case."""
+  def plan(composition, x, per_setting):
+    make = _plan.batch_plan if per_setting else _plan.make_plan
+    return make(composition, x if smallest_delta is None else smallest_delta, eps_error,
+                delta_error, size_cache)
   return plan
 
 

@@ -2,10 +2,12 @@
 
 A ``Plan`` holds the grid step, tail levels and static sizes that one compiled accountant serves.
 ``make_plan`` sizes it for the worst case of a (batched) composition from a coarse planning pass
-in numpy (nothing is compiled); ``widen`` and per-setting plans are the planner's answers when a
-certificate fails on a plan (``jaxacct.pld.accountant`` runs that policy). A plan is a pure
-function of its inputs, unless a ``SizeCache`` is passed: then static sizes already compiled (in
-that cache) are reused when they fit, so nearby settings share one compiled program.
+in numpy (nothing is compiled); ``batch_plan`` sizes each setting of a batch apart where that is
+cheaper (the static sizes shared, the leaves per setting); ``widen`` and per-setting plans are
+the planner's answers when a certificate fails on a plan (``jaxacct.pld.accountant`` runs that
+policy). A plan is a pure function of its inputs, unless a ``SizeCache`` is passed: then static
+sizes already compiled (in that cache) are reused when they fit, so nearby settings share one
+compiled program.
 """
 
 from __future__ import annotations
@@ -233,52 +235,132 @@ def _static_sizes(per_step: int, fft: int, sd_bins: float, composed_sd_bins: flo
   return m, n, low, _block(n, low), max(low, band)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Needs:
+  """What each setting of a (batched) composition needs of a plan (host values): its grid step
+  ``h`` [settings], per-step loss range and composed window, in loss units [settings], its
+  step's loss variance [settings], and the batch's tail levels and largest count."""
+
+  h: np.ndarray
+  ranges: np.ndarray
+  windows: np.ndarray
+  variances: np.ndarray
+  log_tail: float
+  log_window_tail: float
+  total: float
+
+
+def _needs(composition, delta, eps_error, delta_error) -> _Needs:
+  """Each setting's needs (``_Needs``), at the batch's smallest delta and largest count. The
+  grid step makes the certified bracket upper - lower about 2 ``eps_error``; the window holds
+  all but a 1e-2 ``delta_error`` delta fraction of the composed mass."""
+  delta = float(np.min(np.asarray(delta, dtype=np.float64)))
+  total = float(sum(np.max(np.asarray(c, dtype=np.float64)) for c in composition.counts))
+  eta = delta_error * delta
+  log_tail = math.log(1e-3 * eta / max(total, 1.0))
+  log_window_tail = math.log(1e-2 * eta)
+  # Bracket ~ T beta(h) + h (sqrt(T log(1/eta)/2) + 1 + a few guard moves), beta(h) ~ h^2/8.
+  target = 1.8 * eps_error  # the rest of 2 eps_error: the delta slack of the lower bound
+  slope = math.sqrt(-0.5 * total * math.log(eta)) + 5.0
+  curvature = total / 8.0
+  h = 2.0 * target / (slope + math.sqrt(slope * slope + 4.0 * curvature * target))
+  flags = np.array([0.0] if composition.symmetric else [0.0, 1.0])
+  with np.errstate(all="ignore"):  # numpy evaluates both sides of the models' selects
+    ranges, windows, variances = _plan_widths(composition, flags, np.float64(log_tail),
+                                              np.float64(log_window_tail))
+  # The split adds ~h^2/6 of variance per step; keep that below 1e-4 of the loss variance so the
+  # estimate stays accurate when a step's loss is narrower than the grid (small q, large sigma).
+  # (At most 64x finer: a degenerate loss, e.g. a point mass, is not refined without end.)
+  # (fmin, fmax: a nan variance constrains nothing)
+  steps = np.fmax(np.fmin(h, np.sqrt(6e-4 * variances)), h / 64.0)
+  # Near an atom of the loss the split moves mass by up to h: the upper's own bias is first
+  # order there (second order, ~T h^2/8, for a continuous loss). A step of at most
+  # _ATOM_STEP x eps_error keeps it below ~1e-3 at the default plan; few steps of an atomic
+  # loss have a small window, so the finer grid costs little.
+  if any(mech.has_atoms() for mech in composition.mechanisms):
+    steps = np.minimum(steps, _ATOM_STEP * eps_error)
+  return _Needs(np.atleast_1d(steps), np.atleast_1d(ranges), np.atleast_1d(windows),
+                np.atleast_1d(variances), log_tail, log_window_tail, total)
+
+
+def _check_span(fft, span, eps_error):
+  """Refuses a plan whose window spans more loss than float64 serves, or an FFT too large."""
+  if span > MAX_SPAN:
+    raise ValueError(f"the composed privacy loss spans {span:.0f} units: epsilon is far "
+                     "beyond what this accountant serves (reduce steps or raise the noise)")
+  if fft > 2**26:
+    raise ValueError(f"the plan needs an FFT of {fft} points; raise eps_error (now {eps_error})")
+
+
+def _shared_plan(needs: _Needs, eps_error, delta_error, size_cache) -> Plan:
+  """One grid serving every setting: the finest step, the widest range and window."""
+  h = float(np.min(needs.h))
+  variance = float(np.min(needs.variances))
+  per_step = _ladder(math.ceil(float(np.max(needs.ranges)) / h) + 3)
+  fft = _ladder(max(per_step, math.ceil(1.03 * float(np.max(needs.windows)) / h) + 16))
+  _check_span(fft, fft * h, eps_error)
+  per_step, fft, low, block, band = _static_sizes(
+      per_step, fft, math.sqrt(variance) / h, math.sqrt(needs.total * variance) / h,
+      needs.log_window_tail, size_cache)
+  return Plan(*(np.asarray(v, np.float64) for v in (h, needs.log_tail, needs.log_window_tail,
+                                                    delta_error)),
+              per_step, fft, low, block, band)
+
+
+def _stacked_plan(needs: _Needs, eps_error, delta_error, size_cache) -> Plan:
+  """Each setting its own grid and window, the static sizes shared (leaves [settings]): the
+  largest setting's FFT, each setting's grid refined by the ratio of that FFT to its own (so
+  its window and its low band and band needs stay what they were; ``stack_plans``)."""
+  own_per_step = np.ceil(needs.ranges / needs.h) + 3.0
+  own_fft = np.maximum(own_per_step, np.ceil(1.03 * needs.windows / needs.h) + 16.0)
+  fft = _ladder(math.ceil(float(np.max(own_fft))))
+  ratio = fft / own_fft
+  h = needs.h / ratio
+  per_step = _ladder(math.ceil(float(np.max(own_per_step * ratio))))
+  _check_span(fft, fft * float(np.max(h)), eps_error)
+  sd_bins = float(np.min(np.sqrt(needs.variances) / h))
+  composed = float(np.min(np.sqrt(needs.total * needs.variances) / h))
+  per_step, fft, low, block, band = _static_sizes(per_step, fft, sd_bins, composed,
+                                                  needs.log_window_tail, size_cache)
+  full = lambda v: np.full(h.shape, v, np.float64)
+  return Plan(h, full(needs.log_tail), full(needs.log_window_tail), full(delta_error),
+              per_step, fft, low, block, band)
+
+
 def make_plan(composition, delta, eps_error=0.01, delta_error=1e-3, size_cache=None) -> Plan:
   """Accuracy plan for ``composition`` (concrete, checked; batched leaves = a sweep to serve).
 
   The grid step makes the certified bracket upper - lower about 2 * ``eps_error`` at the smallest
   ``delta``; the window holds all but a 1e-2 * delta_error * delta fraction of the composed mass.
+  One grid serves the whole sweep (its leaves are scalars: a plan for jit/vmap/grad).
   """
   check_range("eps_error", eps_error, 0.0, 1.0, high_open=False)
   check_range("delta_error", delta_error, 0.0, 1.0)
   with jax.enable_x64(True):
-    delta = float(np.min(np.asarray(delta, dtype=np.float64)))
-    total = float(sum(np.max(np.asarray(c, dtype=np.float64)) for c in composition.counts))
-    eta = delta_error * delta
-    log_tail = math.log(1e-3 * eta / max(total, 1.0))
-    log_window_tail = math.log(1e-2 * eta)
-    # Bracket ~ T beta(h) + h (sqrt(T log(1/eta)/2) + 1 + a few guard moves), beta(h) ~ h^2/8.
-    target = 1.8 * eps_error  # the rest of 2 eps_error: the delta slack of the lower bound
-    slope = math.sqrt(-0.5 * total * math.log(eta)) + 5.0
-    curvature = total / 8.0
-    h = 2.0 * target / (slope + math.sqrt(slope * slope + 4.0 * curvature * target))
-    flags = np.array([0.0] if composition.symmetric else [0.0, 1.0])
-    with np.errstate(all="ignore"):  # numpy evaluates both sides of the models' selects
-      ranges, windows, variances = _plan_widths(composition, flags, np.float64(log_tail),
-                                                np.float64(log_window_tail))
-    # The split adds ~h^2/6 of variance per step; keep that below 1e-4 of the loss variance so the
-    # estimate stays accurate when a step's loss is narrower than the grid (small q, large sigma).
-    # (At most 64x finer: a degenerate loss, e.g. a point mass, is not refined without end.)
-    variance = float(np.min(variances))
-    h = max(min(h, math.sqrt(6e-4 * variance)), h / 64.0)
-    # Near an atom of the loss the split moves mass by up to h: the upper's own bias is first
-    # order there (second order, ~T h^2/8, for a continuous loss). A step of at most
-    # _ATOM_STEP x eps_error keeps it below ~1e-3 at the default plan; few steps of an atomic
-    # loss have a small window, so the finer grid costs little.
-    if any(mech.has_atoms() for mech in composition.mechanisms):
-      h = min(h, _ATOM_STEP * eps_error)
-    per_step = _ladder(math.ceil(float(np.max(ranges)) / h) + 3)
-    fft = _ladder(max(per_step, math.ceil(1.03 * float(np.max(windows)) / h) + 16))
-    if fft * h > MAX_SPAN:
-      raise ValueError(f"the composed privacy loss spans {fft * h:.0f} units: epsilon is far "
-                       "beyond what this accountant serves (reduce steps or raise the noise)")
-    if fft > 2**26:
-      raise ValueError(f"the plan needs an FFT of {fft} points; raise eps_error (now {eps_error})")
-    per_step, fft, low, block, band = _static_sizes(
-        per_step, fft, math.sqrt(variance) / h, math.sqrt(total * variance) / h, log_window_tail,
-        size_cache)
-    return Plan(*(np.asarray(v, np.float64) for v in (h, log_tail, log_window_tail, delta_error)),
-                per_step, fft, low, block, band)
+    needs = _needs(composition, delta, eps_error, delta_error)
+    return _shared_plan(needs, eps_error, delta_error, size_cache)
+
+
+def batch_plan(composition, delta, eps_error=0.01, delta_error=1e-3, size_cache=None) -> Plan:
+  """The front door's plan for a batch of settings (concrete, checked): ``make_plan``'s one grid
+  serving them all, or, where it takes fewer grid points, each setting sized apart and the
+  static sizes shared (``_stacked_plan``; leaves [settings]: for ``lax.map`` over the batch). A
+  sweep of sigma takes its finest grid from its largest sigma and its widest window from its
+  smallest: one grid for both costs ~2-3x the largest setting's own."""
+  check_range("eps_error", eps_error, 0.0, 1.0, high_open=False)
+  check_range("delta_error", delta_error, 0.0, 1.0)
+  with jax.enable_x64(True):
+    needs = _needs(composition, delta, eps_error, delta_error)
+    builds = (_shared_plan, _stacked_plan) if needs.h.size > 1 else (_shared_plan,)
+    points, refused = {}, None
+    for build in builds:  # (sized without the cache: it must not keep the plan not chosen)
+      try:
+        points[build] = plan_points(build(needs, eps_error, delta_error, None))
+      except ValueError as error:  # (one grid may span too much where each setting's does not)
+        refused = error
+    if not points:
+      raise refused
+    return min(points, key=points.get)(needs, eps_error, delta_error, size_cache)
 
 
 def _low_band(fft: int, sd_bins: float) -> int:
