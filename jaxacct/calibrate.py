@@ -958,8 +958,8 @@ def _read(opts, flat, x, plan):
 def _reads_front_door(opts, x):
   """Whether the search of one PLD setting for an epsilon target (not against groups) reads the
   front door at each value: its own plan there and its program, as ``dpsgd_epsilon`` gives them
-  in a fresh process. The answer is then exact against the front door (its check rereads the
-  last value), and the search, the check and a later call at the answer share their
+  in a fresh process. The answer is then exact against the front door (its check is the
+  search's own read at the answer), and the search and a later call at the answer share their
   compilations (nearby values share plan sizes: the default calibration compiles one PLD
   program, not the window's and the answer's); the window only bounds where the search reads,
   and its plan (sized at the same delta) bounds each read's cost. (``dpsgd_delta`` plans down
@@ -1028,10 +1028,11 @@ def _front_door_upper(opts, flat, value):
   return _front_door_bounds(opts, flat, value).upper
 
 
-def _front_door_excess(opts, flat, value):
+def _front_door_excess(opts, flat, value, read=None):
   """How far (relative) the front door's own certified upper at ``value`` lies above each target:
-  0 where it meets it, 1e-3 where it gives no finite bound."""
-  upper = _front_door_upper(opts, flat, value)
+  0 where it meets it, 1e-3 where it gives no finite bound. ``read``: the front door's bounds
+  at ``value`` where the search read them there itself (not read again)."""
+  upper = _front_door_upper(opts, flat, value) if read is None else np.asarray(read.upper)
   target = np.asarray(flat[1])
   over = ~(upper <= target)  # (nan: no bound, over)
   return np.where(over, np.nan_to_num(upper / target - 1.0, nan=1e-3, posinf=1e-3), 0.0)
@@ -1150,7 +1151,8 @@ def _calibrate(unknown, target, accountant, relation, plan, size_cache, epsilon,
       continue
     last = "over"
     report("checking the answer at the front door")
-    excess = _front_door_excess(opts, flat, found.value)
+    read = found.bounds if _reads_front_door(opts, found.value) else None
+    excess = _front_door_excess(opts, flat, found.value, read)
     if not np.any(excess > 0.0):
       break
     flat = _reaimed(flat, excess)
