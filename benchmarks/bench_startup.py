@@ -7,6 +7,9 @@ an empty compilation cache (a fresh ``HOME``, so ``~/.cache/jaxacct`` is empty) 
 ``get_noise_multiplier`` (PRV and RDP) in a fresh process, import of torch included, on the
 same setting as ``jaxacct calibrate``'s defaults (epsilon 2, delta 1e-5, q 0.01, 1,000 steps).
 
+The first calibration in a process is also timed inside it (after the import: what a training
+script's call costs), with the cache empty and then warm.
+
 Run:  pip install -e ".[bench]"; python benchmarks/bench_startup.py [--repeat N]
 (prints the machine, the ml_dtypes version, its load average before each row, and the median of
 N runs per row).
@@ -35,6 +38,11 @@ COMMANDS = [
     ("jaxacct epsilon --json", JAXACCT + ["epsilon", "--json"], True),
     ("jaxacct calibrate --json", JAXACCT + ["calibrate", "--json"], True),
 ]
+# The first calibration in a process, timed inside it (after jaxacct's import): the library call
+# a training script makes, with the disk cache empty and then warm.
+IN_PROCESS = ("import time, jaxacct; start = time.perf_counter(); "
+              "jaxacct.calibrate.noise_multiplier(2.0, 1e-5, 0.01, 1000); "
+              "print(time.perf_counter() - start)")
 OPACUS = ("from opacus.accountants.utils import get_noise_multiplier; "
           "print(get_noise_multiplier(target_epsilon=2.0, target_delta=1e-5, sample_rate=0.01, "
           "steps=1000, accountant={!r}))")
@@ -48,6 +56,15 @@ def seconds(argv, env):
   if done.returncode:
     raise SystemExit(f"{' '.join(argv)} failed: {done.stderr[-2000:]}")
   return elapsed
+
+
+def inner_seconds(code, env):
+  """The seconds that ``code`` (run in a fresh process) prints as its last line."""
+  done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                        check=False)
+  if done.returncode:
+    raise SystemExit(f"{code} failed: {done.stderr[-2000:]}")
+  return float(done.stdout.split()[-1])
 
 
 def row(name, times):
@@ -77,6 +94,14 @@ def main():
         warm.append(seconds(argv, env))
     row(f"{name} (empty cache)", empty)
     row(f"{name} (warm cache)", warm)
+  empty, warm = [], []
+  for _ in range(args.repeat):
+    with tempfile.TemporaryDirectory() as home:
+      env = dict(base, HOME=home)
+      empty.append(inner_seconds(IN_PROCESS, env))
+      warm.append(inner_seconds(IN_PROCESS, env))
+  row("first calibration in a process (empty cache)", empty)
+  row("first calibration in a process (warm cache)", warm)
   for accountant in ("prv", "rdp"):
     try:
       times = [seconds([sys.executable, "-c", OPACUS.format(accountant)], base)
