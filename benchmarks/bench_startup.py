@@ -73,6 +73,19 @@ def row(name, times):
         f"{', '.join(f'{t:.2f}' for t in times)}; load {load:.2f})", flush=True)
 
 
+def empty_and_warm(name, timed_run, base, repeat):
+  """Rows of ``timed_run(env)`` with an empty cache (a fresh ``HOME``) and then warm (the same
+  ``HOME`` again), ``repeat`` pairs."""
+  empty, warm = [], []
+  for _ in range(repeat):
+    with tempfile.TemporaryDirectory() as home:
+      env = dict(base, HOME=home)
+      empty.append(timed_run(env))
+      warm.append(timed_run(env))
+  row(f"{name} (empty cache)", empty)
+  row(f"{name} (warm cache)", warm)
+
+
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--repeat", type=int, default=3)
@@ -86,22 +99,9 @@ def main():
     if not cached:
       row(name, [seconds(argv, base) for _ in range(args.repeat)])
       continue
-    empty, warm = [], []
-    for _ in range(args.repeat):
-      with tempfile.TemporaryDirectory() as home:
-        env = dict(base, HOME=home)
-        empty.append(seconds(argv, env))
-        warm.append(seconds(argv, env))
-    row(f"{name} (empty cache)", empty)
-    row(f"{name} (warm cache)", warm)
-  empty, warm = [], []
-  for _ in range(args.repeat):
-    with tempfile.TemporaryDirectory() as home:
-      env = dict(base, HOME=home)
-      empty.append(inner_seconds(IN_PROCESS, env))
-      warm.append(inner_seconds(IN_PROCESS, env))
-  row("first calibration in a process (empty cache)", empty)
-  row("first calibration in a process (warm cache)", warm)
+    empty_and_warm(name, lambda env, argv=argv: seconds(argv, env), base, args.repeat)
+  empty_and_warm("first calibration in a process", lambda env: inner_seconds(IN_PROCESS, env),
+                 base, args.repeat)
   for accountant in ("prv", "rdp"):
     try:
       times = [seconds([sys.executable, "-c", OPACUS.format(accountant)], base)
