@@ -72,9 +72,11 @@ def test_vectorised_batches_in_padded_blocks():
   assert len(calls) == 3  # the scalar, blocks of 4 (remainder 3 padded to 4) and a block of 2
 
 
-@pytest.mark.parametrize("n", [7, 2048, 3000])
+@pytest.mark.parametrize("n", [7, 32, 33, 100, 512, 640, 2048, 3000])
 def test_suffix_sums_match_numpy(n):
-  """Both paths: a triangular product (n <= 2048) and a reversed cumulative sum."""
+  """Every path: one triangular product (n <= 32), products within blocks of 32 and over the
+  blocks after each (n <= 2048; the query's rows of 512 and block sums of 640), and a reversed
+  cumulative sum."""
   x = np.random.default_rng(n).exponential(size=(2, n)) * np.logspace(-200, 0, n)
   with jax.enable_x64(True):
     got = np.asarray(query._suffix_sums(jnp.asarray(x)))

@@ -89,18 +89,33 @@ def _delta_on_grid(pmf, first_centre, h, eps):
 
 
 _TAIL_BLOCK = 512  # grid points per block of the two-level tail sums
-_TRIANGLE_MAX = 2048  # longest axis whose suffix sums are a product with a triangular matrix
+_TRIANGLE_MAX = 2048  # longest axis whose suffix sums are products with triangular matrices
+_TRIANGLE = 32  # ... each of at most this side (a larger one costs more to build than to use)
+
+
+def _triangle(n, dtype):
+  """The n x n 0/1 matrix U[j, i] = (j >= i): x @ U is x's suffix sums."""
+  return (jnp.arange(n)[:, None] >= jnp.arange(n)[None, :]).astype(dtype)
 
 
 def _suffix_sums(x):
-  """sum_{j >= i} x_j along the last axis. Up to _TRIANGLE_MAX values as a product with a
-  triangular 0/1 matrix (one library call; ``jnp.cumsum`` compiles to a dozen kernels on CPU),
-  beyond that (block sums of a huge grid) as a reversed cumulative sum."""
+  """sum_{j >= i} x_j along the last axis. Up to _TRIANGLE_MAX values as products with small
+  triangular 0/1 matrices (``jnp.cumsum`` compiles to a dozen kernels on CPU, and one n x n
+  matrix is built anew at each call: 2 MB at n = 512): within blocks of _TRIANGLE, then over
+  the blocks after each one. Beyond that (block sums of a huge grid), a reversed cumulative
+  sum."""
   n = x.shape[-1]
   if n > _TRIANGLE_MAX:
     return jnp.flip(jnp.cumsum(jnp.flip(x, -1), -1), -1)
-  upper = (jnp.arange(n)[:, None] >= jnp.arange(n)[None, :]).astype(x.dtype)  # [j, i]: j >= i
-  return x @ upper
+  if n <= _TRIANGLE:
+    return x @ _triangle(n, x.dtype)
+  blocks = -(-n // _TRIANGLE)
+  padding = [(0, 0)] * (x.ndim - 1) + [(0, blocks * _TRIANGLE - n)]
+  rows = jnp.pad(x, padding).reshape(x.shape[:-1] + (blocks, _TRIANGLE))
+  within = rows @ _triangle(_TRIANGLE, x.dtype)                    # [..., blocks, T]
+  totals = within[..., 0]
+  later = _suffix_sums(jnp.concatenate([totals[..., 1:], jnp.zeros_like(totals[..., :1])], -1))
+  return (within + later[..., None]).reshape(x.shape[:-1] + (-1,))[..., :n]
 
 
 @jax.tree_util.register_dataclass
