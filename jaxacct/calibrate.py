@@ -75,11 +75,12 @@ from jaxacct._inputs import (check_choice, check_delta, check_epsilon, check_ran
 from jaxacct._numerics import array_namespace, fast_jit, float64, is_traced, scoped_gradients
 from jaxacct._solver import bracket_search, furthest_holding, implicit_root, largest_whole
 from jaxacct.api import RELATIONS, _dpsgd_model, dpsgd_delta, dpsgd_epsilon
-from jaxacct.composition import Composition
+from jaxacct.composition import Composition, checked
 from jaxacct.group import GroupSteps, check_fixed_batch, check_group_size, group_sampling
 from jaxacct.pld import accountant as _pld
 from jaxacct.pld import make_plan as _pld_plan
 from jaxacct.pld.plan import SizeCache as _SizeCache
+from jaxacct.pld.plan import group_plans as _pld_group_plans
 from jaxacct.pld.plan import plan_points
 from jaxacct.pld.plan import stack_plans as _pld_stack
 from jaxacct.pld.spectrum import integer_count
@@ -495,9 +496,10 @@ class Window:
   high: np.ndarray | None = None
 
 
-def _setting_plan(opts, rows, low, high, eps_error, size_cache=None):
-  """One plan serving the unknown over [low, high] for every row of ``rows`` ([target, other,
-  sigma, q, steps] each), down to the smallest delta the search reads."""
+def _window_composition(opts, rows, low, high):
+  """(the composition of every row of ``rows`` ([target, other, sigma, q, steps] each) at both
+  ends of its [low, high] (settings: each row's low end, then each row's high end), the
+  smallest delta the search reads for each)."""
   target_value, other, sigma, q, steps = np.reshape(rows, (-1, 5)).T
   lo, hi = DOMAIN[opts.unknown]
   ends = np.clip(np.concatenate([np.broadcast_to(low, sigma.shape),
@@ -508,7 +510,32 @@ def _setting_plan(opts, rows, low, high, eps_error, size_cache=None):
   comp = _composition(known["noise_multiplier"], known["sampling_rate"], known["steps"],
                       opts.relation, opts.full_batch)
   smallest = other if opts.target == "epsilon" else 0.1 * target_value
-  return _pld_plan(comp, np.tile(smallest, 2), eps_error=eps_error, size_cache=size_cache)
+  return comp, np.tile(smallest, 2)
+
+
+def _setting_plan(opts, rows, low, high, eps_error, size_cache=None):
+  """One plan serving the unknown over [low, high] for every row of ``rows`` ([target, other,
+  sigma, q, steps] each), down to the smallest delta the search reads."""
+  comp, smallest = _window_composition(opts, rows, low, high)
+  return _pld_plan(comp, smallest, eps_error=eps_error, size_cache=size_cache)
+
+
+def _window_plans(opts, rows, low, high):
+  """``_plan_or_none`` of each row over its own [low, high] (the call's eps_error), its models
+  evaluated once for all rows (``pld.plan.group_plans``)."""
+  comp, smallest = _window_composition(opts, rows, low, high)
+  count = np.shape(smallest)[0] // 2
+  plans = _pld_group_plans(checked(comp, integer_counts=True), smallest,
+                           [np.array([i, i + count]) for i in range(count)], opts.plan_error)
+  return [None if isinstance(plan, ValueError) and _refused(plan) else _raised(plan)
+          for plan in plans]
+
+
+def _raised(plan):
+  """``plan``, or raises it where it is an error."""
+  if isinstance(plan, Exception):
+    raise plan
+  return plan
 
 
 def _plan_for(opts, flat, centre, spread, size_cache):
@@ -523,6 +550,11 @@ def _plan_for(opts, flat, centre, spread, size_cache):
 _PLANNER_REFUSALS = ("the composed privacy loss spans", "the plan needs an FFT of")
 
 
+def _refused(error):
+  """Whether a ValueError is one of the planner's refusals (``_PLANNER_REFUSALS``)."""
+  return str(error).startswith(_PLANNER_REFUSALS)
+
+
 def _plan_or_none(opts, row, low, high, eps_error=None, size_cache=None):
   """``_setting_plan`` of one setting (at ``eps_error``, default the call's), or None where the
   planner refuses it; any other error propagates."""
@@ -530,7 +562,7 @@ def _plan_or_none(opts, row, low, high, eps_error=None, size_cache=None):
   try:
     return _setting_plan(opts, row, np.array([low]), np.array([high]), eps_error, size_cache)
   except ValueError as err:
-    if str(err).startswith(_PLANNER_REFUSALS):
+    if _refused(err):
       return None
     raise
 
@@ -556,14 +588,15 @@ def _furthest_fitting(opts, row, far, near):
   return furthest_holding(fits, near, far, geometric=True)
 
 
-def _fitted_plan(opts, row, low, high, anchor, fallback, cache):
+def _fitted_plan(opts, row, low, high, anchor, fallback, cache, whole=None):
   """One setting's plan over [low, high], narrowed in log x towards ``anchor`` (where its answer
   may lie furthest) until it fits ``MAX_PLAN_POINTS``; where ``anchor`` alone does not fit, the
   anchor moves towards ``fallback`` as far as fits. (plan, low, high), plan None where no anchor
   fits. The windows are sized without the cache (a size the cache offers may be 2x larger, and
   a window that does not fit must leave no sizes there); the plan kept takes the cache's sizes
-  where those fit too (``_cached_plan``)."""
-  whole = _plan_or_none(opts, row, low, high)
+  where those fit too (``_cached_plan``). ``whole``: its plan over [low, high], where made
+  already."""
+  whole = _plan_or_none(opts, row, low, high) if whole is None else whole
   if _fits(whole, opts):  # (the usual case: the whole window fits, and so its anchor)
     return _cached_plan(opts, row, low, high, cache, whole), low, high
   anchor = _furthest_fitting(opts, row, anchor, fallback)
@@ -599,8 +632,10 @@ def _own_plan(opts, flat, low, high, anchor, fallback, cache):
   # (a batch's plans are stacked onto its largest sizes: a cache, for the rounds of one
   # setting, would only cost each setting a second plan)
   cache = cache if len(unique) == 1 else None
-  fitted = [_fitted_plan(opts, key[:5], *key[5:8], None if np.isnan(key[8]) else key[8], cache)
-            for key in unique]
+  wholes = _window_plans(opts, unique[:, :5], unique[:, 5], unique[:, 6]) if len(unique) > 1 \
+      else [None]
+  fitted = [_fitted_plan(opts, key[:5], *key[5:8], None if np.isnan(key[8]) else key[8], cache,
+                         whole) for key, whole in zip(unique, wholes)]
   missing = [j for j, (plan, _, _) in enumerate(fitted) if plan is None]
   if missing:
     return None, [int(i) for i in np.flatnonzero(np.isin(index, missing))]

@@ -25,7 +25,10 @@ both directions share one compiled program):
   composite Gauss-Legendre rule). The cumulant generating function and its derivatives are read
   from it, see ``jaxacct.cgf``.
 
-Models whose pair is the same in both directions set ``symmetric = True``.
+Models whose pair is the same in both directions set ``symmetric = True``. Models whose
+``cdf_sf`` and ``loss_range`` are elementwise in their parameters and arguments (numpy
+broadcasting, no reductions or control flow on values) set ``elementwise = True``: the planner
+then evaluates a batch of settings in one call instead of one setting at a time.
 
 ``cdf_sf`` and ``loss_range`` are called one setting at a time (scalar parameters, a 1-D array of
 losses), in JAX by the accountants and with numpy values by the planner on the host. The models
@@ -116,6 +119,7 @@ class PrivacyLoss:
   """
 
   symmetric: ClassVar[bool] = True
+  elementwise: ClassVar[bool] = False
 
   def __post_init__(self):
     values = {}
@@ -132,6 +136,11 @@ class PrivacyLoss:
   def _xp(self, *values):
     """The array namespace of this model's parameters and ``values`` (see array_namespace)."""
     return array_namespace(self, *values)
+
+  def broadcasts(self) -> bool:
+    """Whether ``cdf_sf`` and ``loss_range`` broadcast over a batch of settings (``elementwise``,
+    and so every model inside it)."""
+    return type(self).elementwise
 
   def cdf_sf(self, loss, add=False):
     raise NotImplementedError
@@ -170,6 +179,8 @@ class Gaussian(PrivacyLoss):
 
   L ~ N(mu^2/2, mu^2) under P and N(-mu^2/2, mu^2) under Q, mu = sensitivity / sigma.
   """
+
+  elementwise: ClassVar[bool] = True
 
   sigma: jax.Array
   sensitivity: jax.Array = 1.0
@@ -226,6 +237,8 @@ class Laplace(PrivacyLoss):
   With e0 = sensitivity / scale, L has atoms at +-e0 and a continuous part in between:
   P(L <= l) = exp((l - e0)/2)/2 and Q(L > l) = exp(-(l + e0)/2)/2 for -e0 <= l < e0.
   """
+
+  elementwise: ClassVar[bool] = True
 
   scale: jax.Array
   sensitivity: jax.Array = 1.0
@@ -442,6 +455,9 @@ class PoissonSampled(PrivacyLoss):
 
   symmetric: ClassVar[bool] = False
 
+  def broadcasts(self) -> bool:
+    return self.base.broadcasts()
+
   def check(self):
     self.base.check()
     check_range("rate", self.rate, 0.0, 1.0, high_open=False)
@@ -507,6 +523,8 @@ class SampledGaussianReplaceOne(PrivacyLoss):
   with sensitivity 2s. The loss is decreasing in x and its inverse solves a quadratic:
   a x = -asinh(B / C) - l/2 with a = s/sigma^2, B = (1-q) sinh(l/2), C = q exp(-s^2/(2 sigma^2)).
   """
+
+  elementwise: ClassVar[bool] = True
 
   sigma: jax.Array
   rate: jax.Array

@@ -253,3 +253,72 @@ def test_host_erfc_and_sigmoid_match_scipy():
   assert _numerics.erfc(0.5) == pytest.approx(special.erfc(0.5), rel=1e-15)
   z = np.concatenate([-np.geomspace(1e-300, 700.0, 301), [0.0], np.geomspace(1e-300, 700.0, 301)])
   np.testing.assert_allclose(_numerics.sigmoid(z), special.expit(z), rtol=4e-16, atol=0.0)
+
+
+def _model_batches(n, seed):
+  """Batches of every elementwise model (parameters across their range) and one that is not."""
+  rng = np.random.default_rng(seed)
+  u = lambda lo, hi: rng.uniform(lo, hi, n)
+  return [jaxacct.Gaussian(u(0.2, 8.0)), jaxacct.Laplace(u(0.05, 5.0)),
+          jaxacct.PoissonSampled(jaxacct.Gaussian(u(0.3, 6.0)), 10.0 ** u(-6, 0)),
+          jaxacct.PoissonSampled(jaxacct.Laplace(u(0.1, 3.0)), 10.0 ** u(-4, 0)),
+          jaxacct.SampledGaussianReplaceOne(u(0.3, 6.0), 10.0 ** u(-6, 0)),
+          jaxacct.MixtureOfGaussians(u(0.5, 4.0), np.tile([0.0, 1.0, 2.0], (n, 1)),
+                                     np.tile([0.5, 0.3, 0.2], (n, 1)))]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_planner_reads_a_batch_of_elementwise_models_in_one_call(seed):
+  """A model that ``broadcasts`` (its cdf_sf and loss_range elementwise in its parameters) is
+  evaluated for the planner's whole block of settings at once: exactly the values it gives one
+  setting at a time, as the accountant evaluates it; a model that does not (a mixture's
+  components are vectors) is still read one setting at a time."""
+  from jaxacct import _batch
+  from jaxacct.pld import plan as _plan
+  n = 9
+  for mech in _model_batches(n, seed):
+    assert mech.broadcasts() == (not isinstance(mech, jaxacct.MixtureOfGaussians))
+    flat, _ = _batch.flatten(jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), mech))
+    for add in (0.0, 1.0):
+      flags = np.full(n, add)
+      log_tail = np.linspace(-60.0, -5.0, n)
+      t = np.linspace(-8.0, 8.0, 257) * np.geomspace(0.01, 3.0, n)[:, None]
+      for method, args in (("loss_range", (log_tail, flags)), ("cdf_sf", (t, flags))):
+        got = _plan._per_setting(flat, method, args)
+        for i in range(n):
+          one = getattr(_batch.take(flat, i), method)(*(a[i] for a in args))
+          expected = np.stack([np.broadcast_to(np.asarray(v, np.float64), np.shape(args[0][i]))
+                               for v in one])
+          np.testing.assert_array_equal(got[i], expected)
+
+
+def test_group_plans_are_each_groups_own_plan():
+  """``plan.group_plans`` gives each group of a batch the plan ``make_plan`` gives it alone (its
+  models read once for the groups that share their smallest delta and counts), and the
+  planner's refusal as the error it raises alone."""
+  from jaxacct.composition import checked
+  from jaxacct.pld import plan as _plan
+  rng = np.random.default_rng(3)
+  k = 7
+  sigma = np.concatenate([rng.uniform(0.5, 3.0, 2 * k), [0.01, 0.02]])
+  q = np.concatenate([10.0 ** rng.uniform(-4, -0.5, 2 * k), [0.5, 0.5]])
+  steps = np.concatenate([np.tile([1000.0, 1000.0, 50.0, 1000.0, 20_000.0, 1000.0, 3.0], 2),
+                          [10.0**6, 10.0**6]])
+  delta = np.concatenate([np.tile([1e-5, 1e-5, 1e-8, 1e-5, 1e-5, 1e-10, 1e-5], 2),
+                          [1e-5, 1e-5]])
+  comp = lambda idx: checked(jaxacct.Composition.of(
+      (jaxacct.PoissonSampled(jaxacct.Gaussian(sigma[idx]), q[idx]), steps[idx])),
+      integer_counts=True)
+  groups = [np.array([i, i + k]) for i in range(k)] + [np.array([2 * k, 2 * k + 1])]
+  plans = _plan.group_plans(comp(np.arange(sigma.size)), delta, groups)
+  for group, plan in zip(groups, plans):
+    try:
+      alone = _plan.make_plan(comp(group), delta[group])
+    except ValueError as error:
+      assert isinstance(plan, ValueError) and str(plan) == str(error)
+      continue
+    assert plan.sizes == alone.sizes
+    for got, expected in zip(jax.tree_util.tree_leaves(plan), jax.tree_util.tree_leaves(alone)):
+      np.testing.assert_array_equal(got, expected)
+  assert isinstance(plans[-1], ValueError)  # (a loss spanning more than float64 serves)
+

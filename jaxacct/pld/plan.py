@@ -113,8 +113,15 @@ _COMBINE_CHUNK = 4096  # settings per block when entries are combined with their
 
 def _per_setting(mech, method, args):
   """``mech.method(*args_i)`` for each setting i of a flat batch of models (rows of ``args``),
-  stacked: [settings, outputs, ...]. A model is called one setting at a time, as in the
-  accountant (its parameters scalars, its event fields vectors)."""
+  stacked: [settings, outputs, ...]. A model that ``broadcasts`` is called once for the batch
+  (its parameters shaped to broadcast against the arguments' rows); any other one setting at a
+  time, as in the accountant (its parameters scalars, its event fields vectors)."""
+  if mech.broadcasts():
+    shape = np.shape(args[0])
+    column = lambda a: np.reshape(np.asarray(a, np.float64), np.shape(a) + (1,) * (
+        len(shape) - np.ndim(a)))
+    outputs = getattr(jax.tree_util.tree_map(column, mech), method)(*map(column, args))
+    return np.stack([np.broadcast_to(np.asarray(v, np.float64), shape) for v in outputs], 1)
   rows = []
   for i, row in enumerate(zip(*args)):
     one = _batch.take(mech, i)
@@ -339,6 +346,45 @@ def make_plan(composition, delta, eps_error=0.01, delta_error=1e-3, size_cache=N
   with jax.enable_x64(True):
     needs = _needs(composition, delta, eps_error, delta_error)
     return _shared_plan(needs, eps_error, delta_error, size_cache)
+
+
+def group_plans(composition, delta, groups, eps_error=0.01, delta_error=1e-3) -> list:
+  """``make_plan`` of each group of settings of a batch (``groups``: index arrays into the
+  flattened batch), or the ValueError it refuses that group with. The models are evaluated
+  once for all the groups that share what sizes the tails (their smallest delta and each
+  entry's largest count), not once a group: a calibration plans a window per setting of a batch.
+  (A block of settings evaluated at once may take scipy's ``erfc`` where one group alone takes
+  libm's: the sizes can then differ in the last bits, not in what they certify.)"""
+  check_range("eps_error", eps_error, 0.0, 1.0, high_open=False)
+  check_range("delta_error", delta_error, 0.0, 1.0)
+  flat, shape = _batch.flatten(composition)
+  size = math.prod(shape)
+  delta = np.broadcast_to(np.asarray(delta, np.float64), shape).reshape(-1)
+  counts = [np.broadcast_to(np.asarray(c, np.float64), shape).reshape(-1) for c in flat.counts]
+  classes = {}
+  for i, group in enumerate(groups):
+    key = (float(np.min(delta[group])),) + tuple(float(np.max(c[group])) for c in counts)
+    classes.setdefault(key, []).append(i)
+  plans = [None] * len(groups)
+  with jax.enable_x64(True):
+    for members in classes.values():
+      rows = np.unique(np.concatenate([np.asarray(groups[i]) for i in members]))
+      needs = _needs(_batch.select(flat, rows), delta[rows], eps_error, delta_error)
+      where = np.full(size, -1)
+      where[rows] = np.arange(rows.size)
+      for i in members:
+        try:
+          plans[i] = _shared_plan(_subset(needs, where[np.asarray(groups[i])]), eps_error,
+                                  delta_error, None)
+        except ValueError as error:
+          plans[i] = error
+  return plans
+
+
+def _subset(needs: _Needs, index) -> _Needs:
+  """The needs of the settings at ``index`` (the batch's tail levels and count kept)."""
+  return dataclasses.replace(needs, h=needs.h[index], ranges=needs.ranges[index],
+                             windows=needs.windows[index], variances=needs.variances[index])
 
 
 def batch_plan(composition, delta, eps_error=0.01, delta_error=1e-3, size_cache=None) -> Plan:
