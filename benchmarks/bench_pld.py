@@ -12,6 +12,8 @@ T = 10,000 steps, delta = 1e-5. Everything runs in ONE process, one method after
    its own grid, the static sizes shared: ``plan.batch_plan``), in one call on one grid for all
    (``plan=dpsgd_plan(sigmas, ...)``), and as a Python loop of single calls on that grid (all
    warm).
+5. Batches of small plans (24 sigmas at T = 100 to 10^4, a calibration check's workload): the
+   front door (a host loop of the single-setting program on CPU) against one mapped program.
 
 Run:  python benchmarks/bench_pld.py          (full, ~4 minutes on 2 CPU cores, mostly the batch)
       python benchmarks/bench_pld.py --quick  (skips prv-accountant)
@@ -118,6 +120,41 @@ def bench_batch():
               bad_status=int(np.count_nonzero(np.asarray(out.status))))
 
 
+SMALL_BATCHES = [(100, 0.5, 0.8), (1000, 0.74, 1.41), (1000, 1.0, 3.0), (10_000, 1.0, 3.0)]
+
+
+def bench_small_batch(steps, low, high, n=24):
+  """A batch of small plans (n sigmas in [low, high] at T = ``steps``; plans of ~10^5 points, a
+  calibration check's workload): the front door (on CPU a host loop of the single-setting
+  program for plans this small) against the same plan run as one mapped program (``lax.map``
+  over the settings, the front door's path for larger plans), both warm."""
+  import jax
+  import jaxacct
+  from jaxacct import _batch
+  from jaxacct.pld import accountant
+  sigmas = np.linspace(low, high, n)
+  comp = jaxacct.dpsgd_composition(sigmas, Q, steps)
+  with jax.enable_x64(True):
+    flat = _batch.flatten((comp, np.full(n, DELTA)))[0]
+    plan = jaxacct.pld.plan.batch_plan(*flat)
+  mapped = accountant._RUNNERS["epsilon"][1]
+
+  def front_door():
+    return jax.block_until_ready(jaxacct.dpsgd_epsilon(sigmas, Q, steps, DELTA))
+
+  def one_program():
+    with jax.enable_x64(True):
+      return jax.block_until_ready(mapped(*flat, plan, 1))
+
+  out, mapped_out = front_door(), one_program()  # compile both
+  t_loop = min(timed(front_door)[1] for _ in range(3))
+  t_map = min(timed(one_program)[1] for _ in range(3))
+  gap = max(float(np.max(np.abs(np.asarray(getattr(out, f)) / np.asarray(getattr(mapped_out, f))
+                                - 1.0))) for f in ("lower", "estimate", "upper"))
+  return dict(n=n, steps=steps, low=low, high=high, sizes=plan.sizes, t_loop=t_loop,
+              t_map=t_map, gap=gap)
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--quick", action="store_true", help="skip prv-accountant")
@@ -163,6 +200,15 @@ def main(argv=None):
   print(f"  loop / call: {b['t_loop'] / b['t_batch']:.2f}x (one grid: "
         f"{b['t_loop'] / b['t_one_grid']:.2f}x); max bracket width in the call "
         f"{b['max_width']:.5f}; nonzero status: {b['bad_status']}")
+
+  print(f"\nbatches of small plans, q = {Q}, warm: the front door (a host loop of the "
+        "single-setting program) against one mapped program on the same plan, ms per setting")
+  for steps, low, high in SMALL_BATCHES:
+    s = bench_small_batch(steps, low, high)
+    print(f"  {s['n']} sigmas {s['low']:g}...{s['high']:g}, T = {s['steps']:>6}, sizes "
+          f"{s['sizes']}: loop {1e3 * s['t_loop'] / s['n']:6.2f}, mapped "
+          f"{1e3 * s['t_map'] / s['n']:6.2f} ({s['t_map'] / s['t_loop']:.2f}x); bounds differ "
+          f"by {s['gap']:.1e} (relative)")
 
 
 if __name__ == "__main__":

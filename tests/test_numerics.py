@@ -322,3 +322,26 @@ def test_group_plans_are_each_groups_own_plan():
       np.testing.assert_array_equal(got, expected)
   assert isinstance(plans[-1], ValueError)  # (a loss spanning more than float64 serves)
 
+
+def test_a_batch_answers_each_setting_as_it_would_alone_on_its_plan_row():
+  """On CPU a batch of small plans runs the single-setting program once a setting (a host loop:
+  faster there than one mapped program): each answer is the setting's own on its row of the
+  batch's plan, and agrees with the mapped program to round-off."""
+  from jaxacct import _batch
+  from jaxacct.pld import accountant, plan as _plan
+  sigmas = np.array([0.7, 0.9, 1.2, 1.6])
+  comp = jaxacct.Composition.of((jaxacct.PoissonSampled(jaxacct.Gaussian(sigmas), 0.01), 500))
+  batch = jaxacct.epsilon(comp, 1e-5)
+  with jax.enable_x64(True):
+    flat = _batch.flatten((comp, np.full(sigmas.size, 1e-5)))[0]
+    plan = _plan.batch_plan(flat[0], flat[1])
+    assert plan.fft_size <= accountant._LOOP_MAX_FFT and np.ndim(plan.grid_step) == 1
+    mapped = accountant._RUNNERS["epsilon"][1](*flat, plan, 1)
+  for i, sigma in enumerate(sigmas):
+    alone = jaxacct.epsilon(jaxacct.Composition.of(
+        (jaxacct.PoissonSampled(jaxacct.Gaussian(sigma), 0.01), 500)), 1e-5,
+        plan=_batch.take(plan, i))
+    for name in ("lower", "estimate", "upper", "status"):
+      assert np.asarray(getattr(batch, name))[i] == np.asarray(getattr(alone, name))
+  for name in ("lower", "estimate", "upper"):
+    np.testing.assert_allclose(getattr(batch, name), getattr(mapped, name), rtol=1e-12)

@@ -121,7 +121,29 @@ def _run(quantity, flat, plan, batch_size, models=None):
     counts = jnp.stack([jnp.asarray(c) for c in flat[0].counts], axis=1)
     return _shared(models, counts, jnp.asarray(flat[1]), plan, _chunk(plan, batch_size),
                    quantity)
-  return many(*flat, plan, _chunk(plan, batch_size))
+  chunk = _chunk(plan, batch_size)
+  if chunk == 1 and plan.fft_size <= _LOOP_MAX_FFT and not is_traced((flat, plan)):
+    return _looped(one, flat, plan)
+  return many(*flat, plan, chunk)
+
+
+# One setting at a time, plans up to this FFT size run as a host loop of the single-setting
+# program (``_looped``), larger ones as one mapped program (12-02, 12 settings a batch, T 100 to
+# 10^4: the loop 1.10-1.66x faster up to 327,680 points, one tie; 0.86-1.13x beyond, where each
+# call's fresh buffers of tens of MB cost more than the slices save; ``bench_pld.py``).
+_LOOP_MAX_FFT = 327_680
+
+
+def _looped(one, flat, plan):
+  """``one`` (the single-setting program) on each setting of a flat batch in turn, from the
+  host, on its row of a per-setting plan (or the plan). Not a ``lax.map``: there each setting's
+  parameters and plan leaves are sliced inside the loop, and XLA:CPU fuses those slices into
+  the step's elementwise kernels, which then run slower. Calls are dispatched before any result
+  is read (they queue)."""
+  rows = np.ndim(plan.grid_step) == 1
+  size = jax.tree_util.tree_leaves(flat)[0].shape[0]
+  out = [one(*_batch.take(flat, i), _batch.take(plan, i) if rows else plan) for i in range(size)]
+  return jax.tree_util.tree_map(lambda *a: np.stack(a), *jax.device_get(out))
 
 
 def _planned(quantity, flat, planner, size_cache, batch_size, models=None):
