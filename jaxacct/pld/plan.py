@@ -113,11 +113,12 @@ _COMBINE_CHUNK = 4096  # settings per block when entries are combined with their
 
 def _per_setting(mech, method, args):
   """``mech.method(*args_i)`` for each setting i of a flat batch of models (rows of ``args``),
-  stacked: [settings, outputs, ...]. A model that ``broadcasts`` is called once for the batch
-  (its parameters shaped to broadcast against the arguments' rows); any other one setting at a
-  time, as in the accountant (its parameters scalars, its event fields vectors)."""
-  if mech.broadcasts():
-    shape = np.shape(args[0])
+  stacked: [settings, outputs, ...]. A batch of a model that ``broadcasts`` is called once (its
+  parameters shaped to broadcast against the arguments' rows); one setting, or any other model,
+  one setting at a time, as in the accountant (its parameters scalars, its event fields
+  vectors)."""
+  shape = np.shape(args[0])
+  if shape[0] > 1 and mech.broadcasts():
     column = lambda a: np.reshape(np.asarray(a, np.float64), np.shape(a) + (1,) * (
         len(shape) - np.ndim(a)))
     outputs = getattr(jax.tree_util.tree_map(column, mech), method)(*map(column, args))
