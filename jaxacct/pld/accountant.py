@@ -128,9 +128,10 @@ def _run(quantity, flat, plan, batch_size, models=None):
 
 
 # One setting at a time, plans up to this FFT size run as a host loop of the single-setting
-# program (``_looped``), larger ones as one mapped program (12-02, 12 settings a batch, T 100 to
-# 10^4: the loop 1.10-1.66x faster up to 327,680 points, one tie; 0.86-1.13x beyond, where each
-# call's fresh buffers of tens of MB cost more than the slices save; ``bench_pld.py``).
+# program (``_looped``), larger ones as one mapped program (12-02, by hand, 12 settings a batch,
+# T 100 to 10^4: the loop 1.10-1.66x faster up to 327,680 points, one tie; 0.86-1.13x beyond,
+# where each call's fresh buffers of tens of MB cost more than the slices save; see also
+# ``benchmarks/bench_pld.py``'s batches of small plans).
 _LOOP_MAX_FFT = 327_680
 
 
