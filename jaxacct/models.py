@@ -31,9 +31,11 @@ broadcasting, no reductions or control flow on values) set ``elementwise = True`
 then evaluates a batch of settings in one call instead of one setting at a time.
 
 ``cdf_sf`` and ``loss_range`` are called one setting at a time (scalar parameters, a 1-D array of
-losses), in JAX by the accountants and with numpy values by the planner on the host. The models
-here take numpy or jax.numpy from their inputs (``array_namespace``), so planning compiles
-nothing; a model written with jax.numpy alone also works (the planner then runs it eagerly).
+losses) in JAX by the accountants, and with numpy values by the planner on the host: one setting
+at a time too, or a block of settings at once where the model ``broadcasts`` (parameters
+[settings, 1] against losses [settings, points]). The models here take numpy or jax.numpy from
+their inputs (``array_namespace``), so planning compiles nothing; a model written with jax.numpy
+alone also works (the planner then runs it eagerly).
 """
 
 from __future__ import annotations
