@@ -522,20 +522,16 @@ def _setting_plan(opts, rows, low, high, eps_error, size_cache=None):
 
 def _window_plans(opts, rows, low, high):
   """``_plan_or_none`` of each row over its own [low, high] (the call's eps_error), its models
-  evaluated once for all rows (``pld.plan.group_plans``)."""
+  evaluated once for all rows (``pld.plan.group_plans``): None where the planner refuses a
+  row; any other error propagates."""
   comp, smallest = _window_composition(opts, rows, low, high)
   count = np.shape(smallest)[0] // 2
   plans = _pld_group_plans(checked(comp, integer_counts=True), smallest,
                            [np.array([i, i + count]) for i in range(count)], opts.plan_error)
-  return [None if isinstance(plan, ValueError) and _refused(plan) else _raised(plan)
-          for plan in plans]
-
-
-def _raised(plan):
-  """``plan``, or raises it where it is an error."""
-  if isinstance(plan, Exception):
-    raise plan
-  return plan
+  for plan in plans:
+    if isinstance(plan, ValueError) and not _refused(plan):
+      raise plan
+  return [None if isinstance(plan, ValueError) else plan for plan in plans]
 
 
 def _plan_for(opts, flat, centre, spread, size_cache):
@@ -588,15 +584,14 @@ def _furthest_fitting(opts, row, far, near):
   return furthest_holding(fits, near, far, geometric=True)
 
 
-def _fitted_plan(opts, row, low, high, anchor, fallback, cache, whole=None):
+def _fitted_plan(opts, row, low, high, anchor, fallback, cache, whole):
   """One setting's plan over [low, high], narrowed in log x towards ``anchor`` (where its answer
   may lie furthest) until it fits ``MAX_PLAN_POINTS``; where ``anchor`` alone does not fit, the
   anchor moves towards ``fallback`` as far as fits. (plan, low, high), plan None where no anchor
   fits. The windows are sized without the cache (a size the cache offers may be 2x larger, and
   a window that does not fit must leave no sizes there); the plan kept takes the cache's sizes
-  where those fit too (``_cached_plan``). ``whole``: its plan over [low, high], where made
-  already."""
-  whole = _plan_or_none(opts, row, low, high) if whole is None else whole
+  where those fit too (``_cached_plan``). ``whole``: its plan over [low, high]
+  (``_window_plans``; None where refused)."""
   if _fits(whole, opts):  # (the usual case: the whole window fits, and so its anchor)
     return _cached_plan(opts, row, low, high, cache, whole), low, high
   anchor = _furthest_fitting(opts, row, anchor, fallback)
@@ -632,8 +627,7 @@ def _own_plan(opts, flat, low, high, anchor, fallback, cache):
   # (a batch's plans are stacked onto its largest sizes: a cache, for the rounds of one
   # setting, would only cost each setting a second plan)
   cache = cache if len(unique) == 1 else None
-  wholes = _window_plans(opts, unique[:, :5], unique[:, 5], unique[:, 6]) if len(unique) > 1 \
-      else [None]
+  wholes = _window_plans(opts, unique[:, :5], unique[:, 5], unique[:, 6])
   fitted = [_fitted_plan(opts, key[:5], *key[5:8], None if np.isnan(key[8]) else key[8], cache,
                          whole) for key, whole in zip(unique, wholes)]
   missing = [j for j, (plan, _, _) in enumerate(fitted) if plan is None]
