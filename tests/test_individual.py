@@ -500,6 +500,45 @@ def test_certified_gdp_curve_lies_above_the_pld_upper_curve(dpsgd_report):
   assert np.all(report.gdp_rdp_epsilon >= report.gdp_epsilon - 1e-9)
 
 
+def _fitted_mus(curves, eps_points, tail_delta):
+  from jaxacct.individual import dpsgd
+  with jax.enable_x64(True):
+    fit = jax.jit(lambda c, e: jax.lax.map(lambda x: dpsgd._gdp_mu(x[1:], x[0], e, tail_delta),
+                                           c))
+    return np.asarray(fit(jnp.asarray(curves), jnp.asarray(eps_points)))
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.3])
+def test_gdp_fit_is_the_largest_of_the_points_own_mus(noise):
+  """The fitted mu is the largest over the live intervals of gdp.mu_of_eps_delta(eps_k,
+  upper(eps_{k-1})), raised by 1e-9: on GDP-shaped curves (the interval at 0 binds: the fast
+  path) and on noisy ones (a later interval binds: the fallback over all points); 0 with no
+  live interval, +inf where a live one needs delta 1; a few points (fewer than the fit's
+  candidates) too."""
+  rng = np.random.default_rng(7)
+  tail_delta = 1e-8
+  for points in (96, 5):
+    eps_points = np.sort(rng.uniform(0.002, rng.uniform(0.5, 8.0), points))
+    mus = rng.uniform(0.05, 3.0, 24)
+    curves = np.stack([np.asarray(gdp.delta_of_mu(m, np.concatenate([[0.0], eps_points])))
+                       for m in mus])
+    curves = np.minimum.accumulate(np.clip(
+        curves * np.exp(rng.normal(0.0, noise, curves.shape)), 0.0, 1.0), axis=1)
+    curves[0] = 0.0  # no live interval
+    curves[1, :3] = 1.0  # an interval that needs delta 1
+    fitted = _fitted_mus(curves, eps_points, tail_delta)
+    assert fitted[0] == 0.0 and fitted[1] == np.inf
+    for curve, mu in zip(curves[2:], fitted[2:]):
+      lefts = curve[:-1]
+      live = lefts > tail_delta
+      if np.any(lefts[live] >= 1.0 - 1e-9):
+        assert mu == np.inf
+        continue
+      own = np.asarray(gdp.mu_of_eps_delta(eps_points[live], lefts[live]))
+      np.testing.assert_allclose(mu, own.max() * (1 + 1e-9), rtol=1e-11)
+      assert np.all(np.asarray(gdp.delta_of_mu(mu, eps_points[live])) >= lefts[live])
+
+
 @functools.lru_cache(maxsize=None)
 def _dp_accounting_step_rdp(sigma, q, orders):
   """dp-accounting's RDP of one Poisson-subsampled Gaussian step at ``orders`` (its

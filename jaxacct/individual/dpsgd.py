@@ -33,6 +33,7 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.scipy.special import erfinv
 
 from jaxacct import gdp, rdp
 from jaxacct._inputs import check_delta
@@ -295,33 +296,60 @@ def _gdp_mu(curve, at_zero, eps_points, tail_delta):
   interval the PLD's delta is <= tail_delta.
 
   Each interval's residual z_mu(eps_k) - z(target_k) (z = sqrt(-2 log delta)) is decreasing in
-  mu, so the answer is the largest of the points' own roots: one safeguarded Newton solve, all
-  points at once (each smooth: a few steps, where the maximum of the residuals, kinked wherever
-  the point that attains it changes, took ~12); the answer is checked on every interval (and
-  replaced by the largest of the brackets' certified ends if the check fails)."""
+  mu, so the answer is the largest of the points' own roots: the root of their maximum
+  (``_envelope_root``). It is found first over the ``_CANDIDATES`` points of the highest root
+  floors (``_root_floors``; the interval at 0, whose floor is nearly its root, mostly binds),
+  raised by 1e-9 and checked on every interval; only if the check fails is it found over all
+  the points, from there. An example is one call of a ``lax.map``, so only one branch runs."""
   lefts = jnp.concatenate([at_zero[None], curve[:-1]])
   live = lefts > tail_delta
   huge = lefts >= 1.0 - 1e-9
   targets = jnp.where(live & ~huge, lefts, 0.5)
   z_targets = jnp.sqrt(-2.0 * jnp.log(targets))
   los, his = gdp._mu_bracket(eps_points, targets)
-
-  def worst(mu):  # max over the live intervals of the residual; decreasing in mu
-    return jnp.max(jnp.where(live, gdp._z(mu, eps_points) - z_targets, -jnp.inf))
-
-  residuals = lambda mu: gdp._z(mu, eps_points) - z_targets  # (mu [K]: each point's own)
-  value_and_slope = lambda mu: jax.jvp(residuals, (mu,), (jnp.ones_like(mu),))
-  roots, _, ends, _, _ = newton_in_bracket(value_and_slope, los, his, los, iters=60,
-                                           tol=1e-12 * his)
-  mu = jnp.max(jnp.where(live, roots, 0.0))
-  certified = jnp.max(jnp.where(live, ends, 0.0))
-  # Raised by 1e-9 and checked with a margin far above z's round-off (~1e-15 relative); the
-  # brackets' end (checked during the solve, or hi by construction) likewise raised.
-  mu = mu * (1.0 + 1e-9)
+  floors = jnp.where(live, _root_floors(los, targets), -jnp.inf)
   margin = 1e-12 * (1.0 + jnp.max(jnp.where(live, z_targets, 0.0)))
-  mu = jnp.where(worst(mu) <= -margin, mu, certified * (1.0 + 1e-9))
+  # Raised by 1e-9, and checked with a margin far above z's round-off (~1e-15 relative).
+  raised = lambda mu: mu * (1.0 + 1e-9)
+  passes = lambda mu: jnp.max(jnp.where(live, gdp._z(mu, eps_points) - z_targets, -jnp.inf)) \
+      <= -margin
+  pick = jax.lax.top_k(floors, min(_CANDIDATES, floors.shape[0]))[1]
+  first, _ = _envelope_root(eps_points[pick], z_targets[pick], live[pick], floors[pick], his[pick],
+                            jnp.max(floors))
+
+  def over_all():  # from the candidates' root (no larger than the answer); else the bracket's end
+    mu, end = _envelope_root(eps_points, z_targets, live, floors, his, first)
+    return jnp.where(passes(raised(mu)), raised(mu), raised(end))
+
+  mu = jax.lax.cond(passes(raised(first)), lambda: raised(first), over_all)
   mu = jnp.where(jnp.any(live), mu, 0.0)
   return jnp.where(jnp.any(huge & live), jnp.inf, mu)
+
+
+_CANDIDATES = 8  # points the GDP fit solves first (those of the highest root floors)
+
+
+def _envelope_root(eps_points, z_targets, live, floors, his, start):
+  """The root of the largest live residual z_mu(eps_k) - z_targets_k (decreasing in mu) by
+  safeguarded Newton from ``start`` (a lower bound of it), bracketed by the points' root bounds
+  ``floors`` and ``his``: (root, the bracket's upper end: its residual <= 0, or a ``his``)."""
+  def largest(mu):
+    values, slopes = jax.jvp(lambda m: gdp._z(m, eps_points) - z_targets,
+                             (jnp.full(eps_points.shape, mu),), (jnp.ones(eps_points.shape),))
+    values = jnp.where(live, values, -jnp.inf)
+    return values[jnp.argmax(values)], slopes[jnp.argmax(values)]
+
+  hi = jnp.max(jnp.where(live, his, 0.0))
+  lo = jnp.minimum(jnp.maximum(jnp.max(floors), start), hi)
+  root, _, end, _, _ = newton_in_bracket(largest, lo, hi, lo, iters=60, tol=1e-12 * hi)
+  return root, end
+
+
+def _root_floors(los, targets):
+  """Lower bounds of the points' roots: the bracket's lower end, or the mu whose delta at eps = 0
+  is the target (delta_mu(eps) <= delta_mu(0) = erf(mu / 2 sqrt 2)), lowered by 1e-6 for
+  erfinv's round-off (a floor above a root would only cost the fit its fallback)."""
+  return jnp.maximum(los, 2.0 * math.sqrt(2.0) * erfinv(targets) * (1.0 - 1e-6))
 
 
 def _chunk(terms, rows, plan, delta, eps_points, tail_delta):
