@@ -9,7 +9,8 @@ grid model is discretised and transformed once (``jaxacct.pld``), and an example
 spectrum is the product of their powers, queried from its band (``spectrum.band_materialise``:
 each certified delta in O(band), no inverse transform; the band is chosen per example from a
 ladder so that the rest of its spectrum is negligible): no per-example discretisation. Examples
-go in chunks (memory ~ the chunk), each split across the local devices (``shard_map``).
+go in chunks (memory ~ the chunk), each split across the local devices (``shard_map``); a chunk's
+upper delta curves (for the GDP fit) are one matrix product (``query.band_upper_curves``).
 
 As for ``rdp_filter`` with q < 1: a step costs every example privacy whether or not it is
 sampled, so list examples chosen independently of the step's batch (their norms at the step's
@@ -236,14 +237,6 @@ def _stacked_terms(grid, q, plan):
   return jax.tree_util.tree_map(lambda x: x.reshape((2,) + grid.shape + x.shape[1:]), flat)
 
 
-def _example(terms, counts, plan, delta, eps_points):
-  """One example: its certified epsilon(delta), its upper delta curve at ``eps_points`` and at
-  0, from its composed spectrum's band (queries in O(band), no inverse transform)."""
-  pld = PrivacyLossDistribution(plan=plan, **spectrum.band_fields_from_terms(terms, counts, plan))
-  curve = query.upper_delta_curve(pld, jnp.concatenate([jnp.zeros(1), eps_points]))
-  return query.epsilon_from_pld(pld, delta), curve[1:], curve[0]
-
-
 def _band_ladder(plan):
   """Bands from the plan's (sized for the worst, widest example) doubling to the whole
   spectrum: an example of smaller norms composes a narrower loss, whose spectrum is wider."""
@@ -353,11 +346,22 @@ def _root_floors(los, targets):
 
 
 def _chunk(terms, rows, plan, delta, eps_points, tail_delta):
-  """A chunk of examples (rows of counts), one at a time: bounds, upper curves, GDP mus."""
-  def one(row):
-    bounds, curve, at_zero = _example(terms, row, plan, delta, eps_points)
-    return bounds, curve, _gdp_mu(curve, at_zero, eps_points, tail_delta)
-  return jax.lax.map(one, rows)
+  """A chunk of examples (rows of counts): each one's composed PLD (kept as its band) and
+  certified epsilon(delta), one at a time; every upper delta curve at the points (and at 0) in
+  one matrix product (``query.band_upper_curves``); the GDP mus one at a time."""
+  def composed(row):
+    pld = PrivacyLossDistribution(plan=plan, **spectrum.band_fields_from_terms(terms, row, plan))
+    return pld, query.epsilon_from_pld(pld, delta)
+
+  plds, bounds = jax.lax.map(composed, rows)
+  curves = query.band_upper_curves(plds, plan, jnp.concatenate([jnp.zeros(1), eps_points]))
+  mus = jax.lax.map(lambda curve: _gdp_mu(curve[1:], curve[0], eps_points, tail_delta), curves)
+  return bounds, curves[:, 1:], mus
+
+
+# Examples per chunk at most this many band coefficients in all (the chunk's composed PLDs are
+# held together for its curves' matrix product: ~10 MB; a wide band takes fewer examples).
+_CHUNK_COEFFICIENTS = 1 << 17
 
 
 @functools.lru_cache(maxsize=8)
@@ -456,9 +460,10 @@ def _per_example_privacy(counts, steps, sigma_grid, sampling_rate, delta, tail_d
       band_plan, band_terms, fixed = jax.device_put(
           (dataclasses.replace(plan, band=band), _cut(terms, band, log_largest[b]),
            (jnp.asarray(delta), jnp.asarray(eps_points), jnp.asarray(tail_delta))), replicated)
-      for first in range(0, members.size, chunk):
-        rows = counts[members[first:first + chunk]]
-        size = min(chunk, 1 << max(rows.shape[0] - 1, 15).bit_length())  # few compiled shapes
+      per_chunk = min(chunk, max(len(devices), _CHUNK_COEFFICIENTS // band))
+      for first in range(0, members.size, per_chunk):
+        rows = counts[members[first:first + per_chunk]]
+        size = min(per_chunk, 1 << max(rows.shape[0] - 1, 15).bit_length())  # few shapes
         size = -(-size // len(devices)) * len(devices)
         padded = np.zeros((size, rows.shape[1]), np.int64)
         padded[:rows.shape[0]] = rows
