@@ -511,7 +511,7 @@ def _rdp_route(mus, delta):
     size = 1 << max(int(finite.sum()) - 1, 0).bit_length()
     padded = np.ones(size)
     padded[:finite.sum()] = mus[finite]
-    eps = np.asarray(_rdp_conversions(jnp.asarray(padded), jnp.log(jnp.asarray(delta))))
+    eps = np.asarray(_rdp_conversions(jnp.asarray(padded), math.log(delta)))
     out[finite] = np.where(np.isnan(eps), np.inf, eps)[:finite.sum()]
   return out
 
