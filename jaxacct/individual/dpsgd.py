@@ -330,7 +330,8 @@ def _envelope_root(eps_points, z_targets, live, floors, his, start):
     values, slopes = jax.jvp(lambda m: gdp._z(m, eps_points) - z_targets,
                              (jnp.full(eps_points.shape, mu),), (jnp.ones(eps_points.shape),))
     values = jnp.where(live, values, -jnp.inf)
-    return values[jnp.argmax(values)], slopes[jnp.argmax(values)]
+    top = jnp.argmax(values)
+    return values[top], slopes[top]
 
   hi = jnp.max(jnp.where(live, his, 0.0))
   lo = jnp.minimum(jnp.maximum(jnp.max(floors), start), hi)
