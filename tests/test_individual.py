@@ -489,7 +489,7 @@ def test_certified_gdp_curve_lies_above_the_pld_upper_curve(dpsgd_report):
 
   with jax.enable_x64(True):
     plan = dpsgd._plan_for(grid, q, 80, report.tail_delta, 0.01)
-    terms = dpsgd._stacked_terms(jnp.asarray(grid), q, plan)
+    terms, _ = dpsgd._stacked_terms(jnp.asarray(grid), q, plan)
     for i in range(0, counts.shape[0], 4):
       upper = np.asarray(upper_curve(terms, jnp.asarray(counts[i], jnp.float64), plan))
       curve = np.asarray(gdp.delta_of_mu(float(report.gdp_mu[i]), eps))

@@ -226,15 +226,21 @@ def _plan_for(grid, q, steps, delta, eps_error):
 @functools.partial(jax.jit, static_argnums=(1,))
 def _stacked_terms(grid, q, plan):
   """Every grid model's discretised step, transformed once, with the logs of its whole spectrum
-  (each example picks its own band): [directions, grid, ...]."""
+  (each example picks its own band): [directions, grid, ...]; and ``_largest_above`` of them."""
   whole = plan.fft_size // 2 + 1
+  bands = _band_ladder(plan)
   # One (direction, grid point) pair at a time, direction-major: the map's stacked output is the
   # [directions, grid, ...] layout already (a map vmapped over the directions wrote its output
   # grid-major and then transposed it: twice the ~0.5 GB of the terms).
   adds, sigmas = jnp.repeat(jnp.asarray([0.0, 1.0]), grid.shape[0]), jnp.tile(grid, 2)
-  one = lambda pair: spectrum.entry_terms(_models(pair[1], q), pair[0], plan, whole)
-  flat = jax.lax.map(one, (adds, sigmas))
-  return jax.tree_util.tree_map(lambda x: x.reshape((2,) + grid.shape + x.shape[1:]), flat)
+
+  def one(pair):
+    terms = spectrum.entry_terms(_models(pair[1], q), pair[0], plan, whole)
+    return terms, _stretch_maxima(terms, bands)
+
+  flat, maxima = jax.lax.map(one, (adds, sigmas))
+  shaped = lambda x: x.reshape((2,) + grid.shape + x.shape[1:])
+  return jax.tree_util.tree_map(shaped, flat), _largest_above(shaped(maxima))
 
 
 def _band_ladder(plan):
@@ -246,20 +252,24 @@ def _band_ladder(plan):
   return tuple(bands) + (whole,)
 
 
-@functools.partial(jax.jit, static_argnums=(1,))
-def _largest_above(terms, bands):
-  """log max_{k >= band} |F_k| of every entry and direction, at each band: [bands, 2, grid]
-  (raised by its round-off from log F: the dropped part's bound stays a bound). The maxima of
-  the disjoint stretches between bands, then their running maximum from the top: overlapping
-  slices of the spectra took ~0.6 GB more at the default per-example plan."""
+def _stretch_maxima(terms, bands):
+  """log max |F_k| of one entry's spectrum over each stretch [band_i, band_{i+1}) of the ladder
+  (the last to its end): [bands]. Taken while the entry is built, not over the stacked spectra
+  afterwards (a pass over ~0.5 GB and its temporaries)."""
   log_f, keep = terms["log_f"], terms["keep"]
   n = log_f.shape[-1]
   ends = [min(b, n) for b in bands] + [n]
-  stretch = lambda lo, hi: (jnp.max(jnp.where(keep[..., lo:hi], jnp.real(log_f[..., lo:hi]),
-                                              math.log(spectrum._TINY)), axis=-1)
-                            if lo < hi else jnp.full(log_f.shape[:-1], -jnp.inf))
-  pieces = jnp.stack([stretch(lo, hi) for lo, hi in zip(ends[:-1], ends[1:])])
-  top = jax.lax.cummax(pieces, axis=0, reverse=True)
+  stretch = lambda lo, hi: (jnp.max(jnp.where(keep[lo:hi], jnp.real(log_f[lo:hi]),
+                                              math.log(spectrum._TINY)))
+                            if lo < hi else jnp.asarray(-jnp.inf))
+  return jnp.stack([stretch(lo, hi) for lo, hi in zip(ends[:-1], ends[1:])])
+
+
+def _largest_above(maxima):
+  """log max_{k >= band} |F_k| of every entry and direction at each band, from the stretches'
+  maxima [2, grid, bands]: [bands, 2, grid] (their running maximum from the top, raised by its
+  round-off from log F: the dropped part's bound stays a bound)."""
+  top = jax.lax.cummax(jnp.moveaxis(maxima, -1, 0), axis=0, reverse=True)
   return top + 4.0 * F64_EPS * (1.0 + jnp.abs(top))
 
 
@@ -447,19 +457,21 @@ def _per_example_privacy(counts, steps, sigma_grid, sampling_rate, delta, tail_d
   top = float(_worst_epsilon(grid[0], q, worst, tail_delta, plan)) * 1.1 + 4 * plan.grid_step
   h = float(plan.grid_step)
   eps_points = np.unique(np.ceil(np.linspace(0.0, top, _CURVE_POINTS + 1)[1:] / h) * h)
-  terms = _stacked_terms(jnp.asarray(grid), q, plan)
+  terms, log_largest = _stacked_terms(jnp.asarray(grid), q, plan)
   bands = _band_ladder(plan)
-  log_largest = _largest_above(terms, bands)
   choice = _band_choice(counts, log_largest, bands, plan)
+  # The chosen bands' terms only (copies of the spectra's first coefficients): the whole spectra
+  # (~0.5 GB at the default plan) are released before the chunks run.
+  used = np.unique(choice)
+  cuts = {b: _cut(terms, bands[b], log_largest[b]) for b in used}
+  del terms
   run, split, replicated = _sharded_chunk(devices)
   outs, order = [], []
   with concurrent.futures.ThreadPoolExecutor(cpu_threads(devices)) as pool:
-    for b, band in enumerate(bands):
-      members = np.flatnonzero(choice == b)
-      if not members.size:
-        continue
+    for b in used:
+      members, band = np.flatnonzero(choice == b), bands[b]
       band_plan, band_terms, fixed = jax.device_put(
-          (dataclasses.replace(plan, band=band), _cut(terms, band, log_largest[b]),
+          (dataclasses.replace(plan, band=band), cuts.pop(b),
            (jnp.asarray(delta), jnp.asarray(eps_points), jnp.asarray(tail_delta))), replicated)
       per_chunk = min(chunk, max(len(devices), _CHUNK_COEFFICIENTS // band))
       for first in range(0, members.size, per_chunk):
@@ -473,7 +485,6 @@ def _per_example_privacy(counts, steps, sigma_grid, sampling_rate, delta, tail_d
         outs.append((pool.submit(threaded_call, run, *args), rows.shape[0]))
       order.append(members)
     outs = [jax.tree_util.tree_map(lambda a, n=n: a[:n], out.result()) for out, n in outs]
-  del terms
   inverse = np.argsort(np.concatenate(order))
   bounds, curves, mus = jax.tree_util.tree_map(lambda *a: np.concatenate(a)[inverse], *outs)
   covered = curves[:, -1] <= tail_delta  # the fit's range reached the tail
