@@ -114,6 +114,71 @@ def test_tail_sums_find_the_crossing_cell(monkeypatch, triangle_max):
       assert float(mass - weighted) == pytest.approx(d_exact(i + 1), rel=1e-9, abs=1e-300)
 
 
+def _tail_deltas(pmf, h):
+  """d(b) at every boundary b = 0..n of a pmf (masses spread over their cells uniformly in
+  e^{-y}), in long double: sum_{j >= b} pmf_j - kappa e^{b h} sum_{j >= b} pmf_j e^{-j h}."""
+  p = pmf.astype(np.longdouble)
+  j = np.arange(p.size, dtype=np.longdouble)
+  suffix = lambda x: np.concatenate([np.cumsum(x[::-1])[::-1], np.zeros(1, np.longdouble)])
+  kappa = (1 + np.exp(-np.longdouble(h))) / 2
+  b = np.arange(p.size + 1, dtype=np.longdouble)
+  return suffix(p) - kappa * np.exp(b * h) * suffix(p * np.exp(-j * h))
+
+
+@pytest.mark.parametrize("offsets", [(-2, 0, 3), (-30, 0, 40), (-700, 0, 900), (-10**6, 0, 800),
+                                     (400, 0, -50), (-3, 0, 1400)])
+def test_spectral_sums_find_each_targets_crossing(offsets):
+  """A band's crossings of three targets at once (the middle one bisected, the others searched
+  near it: within the first reach, the second, beyond both, on either side; a target above
+  d(0) crosses at 0) against the first boundary where a long-double d of the pmf the band holds
+  falls to each target, with the cell's values."""
+  n, h = 5000, 0.003
+  gauss = np.exp(-0.5 * ((np.arange(n) - 2500) / 250.0) ** 2)
+  band = np.fft.rfft(gauss / gauss.sum())[:48] * np.where(np.arange(48) == 0, 1.0, 2.0) / n
+  # The pmf the band holds exactly: p_j = Re sum_k band_k e^{2 pi i j k / n}.
+  turns = np.outer(np.arange(n), np.arange(48)).astype(np.longdouble) % n / n
+  pmf = np.sum(band.real * np.cos(2 * np.pi * turns) - band.imag * np.sin(2 * np.pi * turns),
+               axis=1)
+  d = _tail_deltas(pmf, h)
+  anchor = 2600
+  # Each target midway (in log) between d at its boundary and the one before: no round-off tie.
+  at = lambda k: 2.0 if k <= 0 else float(np.sqrt(d[k - 1] * d[k]))
+  targets = np.array([at(anchor + o) for o in offsets])
+  with jax.enable_x64(True):
+    sums = query._SpectralSums.of(jnp.asarray(band), jnp.asarray(h), n)
+    ks, cells, (d_i, d_next), mass, weighted, p_i = sums.crossings(jnp.asarray(targets))
+  # (the values within the band sums' round-off, ~1e-16 absolute here)
+  for t, k, i, di, dn, m, w, p in zip(targets, ks, cells, d_i, d_next, mass, weighted, p_i):
+    first = int(np.argmax(d <= t))
+    assert int(k) == first, (t, int(k), first)
+    if first == 0:
+      continue
+    assert int(i) == first - 1 and float(p) == pytest.approx(float(pmf[first - 1]), rel=1e-9,
+                                                                  abs=1e-18)
+    assert float(di) == pytest.approx(float(d[first - 1]), rel=1e-9, abs=1e-15)
+    assert float(dn) == pytest.approx(float(d[first]), rel=1e-9, abs=1e-15)
+    assert float(m - w) == pytest.approx(float(d[first]), rel=1e-9, abs=1e-15)
+    assert float(m) == pytest.approx(float(np.sum(pmf[first:])), rel=1e-9, abs=1e-15)
+
+
+def test_counted_sums_skip_uncounted_entries_and_keep_infinities():
+  """sum_j c_j x_j over the counted entries (c_j > 0) as a product, against the sum term by
+  term: an uncounted infinite or nan adds nothing, a counted one makes the sum +-inf or nan
+  (nan for both signs); batched over count vectors too."""
+  rng = np.random.default_rng(3)
+  x = rng.normal(size=(6, 4))
+  x[1, 0], x[2, 1], x[3, 1], x[4, 2], x[5, 3] = np.inf, np.inf, -np.inf, np.nan, -np.inf
+  counts = rng.integers(0, 4, size=(64, 6)).astype(np.float64)
+  counts[::3, 5] = 0
+  with jax.enable_x64(True):
+    got = np.asarray(jax.vmap(lambda c: spectrum._counted_sum(c, jnp.asarray(x)))(counts))
+  for c, row in zip(counts, got):
+    used = c > 0
+    with np.errstate(invalid="ignore"):
+      want = np.sum(c[used, None] * x[used], axis=0)
+    np.testing.assert_allclose(row, want, rtol=1e-14)
+
+
 @pytest.mark.parametrize("gap", [0.5, 1e-5, 1e-10])
 def test_epsilon_below_the_grid_is_rounded_to_the_safe_side(gap):
   """A target above delta(first boundary) puts epsilon below the grid, where delta = total -
@@ -131,15 +196,18 @@ def test_epsilon_below_the_grid_is_rounded_to_the_safe_side(gap):
   exact = float(left + np.log((total - np.longdouble(target)) / (total - d0)))
   with jax.enable_x64(True):
     sums = query._TailSums.of(jnp.asarray(pmf), jnp.asarray(h))
+    start = sums.delta_at_start()
     grid_delta = lambda centre, eps: query._delta_on_grid(jnp.asarray(pmf), centre, h, eps)
-    root = lambda side: float(query._epsilon_on_grid(grid_delta, sums, jnp.asarray(first),
-                                                   jnp.asarray(h), jnp.asarray(target), side))
+
+    def root(side, goal=target):
+      goal = jnp.asarray(goal)
+      crossing = sums.crossing(query._solvable(goal, start[1]))
+      return float(query._epsilon_on_grid(grid_delta, crossing, start, jnp.asarray(first),
+                                          jnp.asarray(h), goal, side))
     upper, estimate, lower = root(1.0), root(0.0), root(-1.0)
-  assert lower <= exact <= upper
-  with jax.enable_x64(True):  # a target above the total mass: no finite root, and no NaN
-    for side in (1.0, 0.0, -1.0):
-      assert float(query._epsilon_on_grid(grid_delta, sums, jnp.asarray(first),
-                                        jnp.asarray(h), jnp.asarray(1.5), side)) == -np.inf
+    assert lower <= exact <= upper
+    # A target above the total mass: no finite root, and no NaN.
+    assert [root(side, 1.5) for side in (1.0, 0.0, -1.0)] == [-np.inf] * 3
   rounding = np.finfo(np.float64).eps * (1 + abs(exact) + 2 / (gap * float(total - d0)))
   assert upper - lower <= 20 * rounding
   assert estimate == pytest.approx(exact, abs=20 * rounding)

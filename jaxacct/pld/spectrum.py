@@ -193,14 +193,29 @@ def _high_log_spectrum(terms, plan):
 
 
 def _weighted(counts, x):
-  """sum_j counts_j x_j over the leading (entry) axis."""
+  """sum_j counts_j x_j over the leading (entry) axis: a real product (complex x: one for each
+  part), which stays one matrix product when batched over count vectors."""
+  if jnp.iscomplexobj(x):
+    return jax.lax.complex(_weighted(counts, jnp.real(x)), _weighted(counts, jnp.imag(x)))
   return jnp.tensordot(counts.astype(x.dtype), x, axes=1)
 
 
 def _flagged(counts, x):
-  """Whether any entry with a positive count has ``x`` set (leading axis: entries)."""
-  used = counts > 0
-  return jnp.any(used.reshape(used.shape + (1,) * (x.ndim - 1)) & x, axis=0)
+  """Whether any entry with a positive count has ``x`` set (leading axis: entries): a product
+  of 0/1 values (exact), one matrix product when batched over count vectors (a batched
+  any-reduction over the entries is ~5x slower on CPU)."""
+  return _weighted((counts > 0).astype(jnp.float64), x.astype(jnp.float64)) > 0.0
+
+
+def _counted_sum(counts, x):
+  """sum_j counts_j x_j over the entries with a positive count only (an uncounted entry adds
+  nothing, also where its x is infinite): the finite values' product, and where a counted
+  entry's x is not finite the sum's value (+-inf, nan for both signs or a nan)."""
+  finite = jnp.isfinite(x)
+  total = _weighted(counts, jnp.where(finite, x, 0.0))
+  up, down = _flagged(counts, x == jnp.inf), _flagged(counts, x == -jnp.inf)
+  undefined = _flagged(counts, jnp.isnan(x)) | (up & down)
+  return jnp.where(undefined, jnp.nan, jnp.where(up, jnp.inf, jnp.where(down, -jnp.inf, total)))
 
 
 def _accumulate(terms, counts, plan):
@@ -231,9 +246,7 @@ def _accumulate(terms, counts, plan):
   # log of the largest |F_k|^count above the band
   acc["high_log"] = (weighted(jnp.log(jnp.maximum(terms["largest"], _TINY)))
                      if k1 < n // 2 + 1 else jnp.zeros(()))
-  cgf = terms["cgf"]
-  acc["cgf"] = jnp.sum(jnp.where(counts[:, None, None] > 0, counts[:, None, None] * cgf, 0.0),
-                       axis=0)
+  acc["cgf"] = _counted_sum(counts, terms["cgf"])
   for key in ("log_finite", "tail", "moved", "bias"):
     acc[key] = weighted(terms[key])
   acc["loss_top"] = _loss_top(counts, terms["max_loss"])
