@@ -10,7 +10,8 @@ spectrum is the product of their powers, queried from its band (``spectrum.band_
 each certified delta in O(band), no inverse transform; the band is chosen per example from a
 ladder so that the rest of its spectrum is negligible): no per-example discretisation. Examples
 go in chunks (memory ~ the chunk), each split across the local devices (``shard_map``); a chunk's
-upper delta curves (for the GDP fit) are one matrix product (``query.band_upper_curves``).
+compositions are batched (their count-weighted sums one matrix product) and its upper delta
+curves (for the GDP fit) are one matrix product (``query.band_upper_curves``).
 
 As for ``rdp_filter`` with q < 1: a step costs every example privacy whether or not it is
 sampled, so list examples chosen independently of the step's batch (their norms at the step's
@@ -357,14 +358,14 @@ def _root_floors(los, targets):
 
 
 def _chunk(terms, rows, plan, delta, eps_points, tail_delta):
-  """A chunk of examples (rows of counts): each one's composed PLD (kept as its band) and
-  certified epsilon(delta), one at a time; every upper delta curve at the points (and at 0) in
-  one matrix product (``query.band_upper_curves``); the GDP mus one at a time."""
-  def composed(row):
-    pld = PrivacyLossDistribution(plan=plan, **spectrum.band_fields_from_terms(terms, row, plan))
-    return pld, query.epsilon_from_pld(pld, delta)
-
-  plds, bounds = jax.lax.map(composed, rows)
+  """A chunk of examples (rows of counts): their composed PLDs (kept as their bands) together
+  (the count-weighted sums are matrix products over the chunk); each one's certified
+  epsilon(delta) one at a time; every upper delta curve at the points (and at 0) in one matrix
+  product (``query.band_upper_curves``); the GDP mus one at a time."""
+  composed = lambda row: PrivacyLossDistribution(
+      plan=plan, **spectrum.band_fields_from_terms(terms, row, plan))
+  plds = jax.vmap(composed)(rows)
+  bounds = jax.lax.map(lambda pld: query.epsilon_from_pld(pld, delta), plds)
   curves = query.band_upper_curves(plds, plan, jnp.concatenate([jnp.zeros(1), eps_points]))
   mus = jax.lax.map(lambda curve: _gdp_mu(curve[1:], curve[0], eps_points, tail_delta), curves)
   return bounds, curves[:, 1:], mus
@@ -474,10 +475,11 @@ def _per_example_privacy(counts, steps, sigma_grid, sampling_rate, delta, tail_d
           (dataclasses.replace(plan, band=band), cuts.pop(b),
            (jnp.asarray(delta), jnp.asarray(eps_points), jnp.asarray(tail_delta))), replicated)
       per_chunk = min(chunk, max(len(devices), _CHUNK_COEFFICIENTS // band))
+      # One shape (one compiled program) per band: the last chunk is padded to the others'.
+      size = min(per_chunk, 1 << max(members.size - 1, 15).bit_length())
+      size = -(-size // len(devices)) * len(devices)
       for first in range(0, members.size, per_chunk):
         rows = counts[members[first:first + per_chunk]]
-        size = min(per_chunk, 1 << max(rows.shape[0] - 1, 15).bit_length())  # few shapes
-        size = -(-size // len(devices)) * len(devices)
         padded = np.zeros((size, rows.shape[1]), np.int64)
         padded[:rows.shape[0]] = rows
         block = jax.device_put(padded.astype(np.float64), split)

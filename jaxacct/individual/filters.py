@@ -360,9 +360,16 @@ def _step_rdp(noise_multipliers, sampling_rate, orders):
   sigmas = np.asarray(noise_multipliers, np.float64)[:, None]
   if sampling_rate == 1.0:
     return orders / (2.0 * sigmas ** 2)
-  composition = Composition.of((_dpsgd_model(sigmas, sampling_rate, "add_remove", False), 1))
-  with jax.ensure_compile_time_eval():
-    return np.asarray(rdp.rdp(composition, orders), np.float64)
+  with jax.ensure_compile_time_eval():  # (concrete also where a caller is being traced)
+    return np.asarray(_subsampled_rdp(sigmas, sampling_rate, orders), np.float64)
+
+
+@jax.jit
+def _subsampled_rdp(sigmas, sampling_rate, orders):
+  """jaxacct.rdp of one Poisson-subsampled Gaussian step at each noise and order, as one
+  compiled program (op by op, a 200 x 163 table took ~8 s of a first per-example report)."""
+  step = _dpsgd_model(sigmas, sampling_rate, "add_remove", False)
+  return rdp.rdp(Composition.of((step, 1)), orders)
 
 
 # Relative allowance for the quadrature error of a tabulated subsampled-Gaussian RDP (jaxacct.rdp
