@@ -214,6 +214,26 @@ def bisect(increasing, lo, hi, steps=30):
   return jax.lax.fori_loop(0, steps, halve, (lo, hi))
 
 
+def bisect_whole(read, above, ends):
+  """Adjacent whole numbers lo, hi = lo + 1 between which a monotone predicate stops holding,
+  by bisection of ``ends`` = (lo, read(lo), hi, read(hi)) with ``above(read(lo))`` true and
+  ``above(read(hi))`` false (ends taken as given, unchecked). Each end carries what ``read``
+  returned there (a pytree), so a caller has its values at the crossing without reading them
+  again. Halves until the ends are adjacent (a while loop: a bracket found near its answer costs
+  a few reads, not a fixed count); integer ends always shrink, so it stops (after at most
+  log2(hi - lo) + 1 reads, also where reads are nan). No gradient flows (it places a cell)."""
+  def halve(ends):
+    lo, at_lo, hi, at_hi = ends
+    mid = (lo + hi) // 2
+    at_mid = read(mid)
+    up = above(at_mid)
+    pick = lambda a, b: jax.tree_util.tree_map(lambda x, y: jnp.where(up, x, y), a, b)
+    return jnp.where(up, mid, lo), pick(at_mid, at_lo), jnp.where(up, hi, mid), pick(at_hi,
+                                                                                       at_mid)
+
+  return jax.lax.while_loop(lambda ends: ends[2] - ends[0] > 1, halve, ends)
+
+
 def furthest_holding(holds, good, bad, steps=6, geometric=False):
   """The point of [good, bad] nearest ``bad`` at which the host predicate ``holds`` was seen
   true, after ``steps`` halvings (of the log span where ``geometric``): ``holds(good)`` is

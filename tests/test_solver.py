@@ -280,3 +280,23 @@ def test_host_searches_find_where_a_predicate_stops_holding():
   np.testing.assert_array_equal(last, [5.0, 123456.0, 1.0, 1e7, 0.0, 40.0])
   assert len(reads) < 60  # (galloping: ~2 log2 of the distance, not one read per step)
   assert largest_whole(lambda t: t <= 1e6, np.array([1.0]), 1.0, 1.0, 1e7, reads=5) is None
+
+
+@pytest.mark.parametrize("level, first", [(0.0, 500), (3.3, 335), (9.99, 1), (-9.99, 1000)])
+def test_whole_bisection_carries_each_ends_reads(level, first):
+  """``bisect_whole`` stops at adjacent ends around the first whole number where a decreasing
+  sequence falls to a level, each end holding its own read (carried, not read again); reads
+  that are nan still end it."""
+  values = jnp.asarray(np.linspace(10.0, -10.0, 1001))
+  read = lambda b: (values[b], 3 * b)
+  above = lambda at: at[0] > level
+  ends = (jnp.asarray(0), read(0), jnp.asarray(1000), read(1000))
+  with jax.enable_x64(True):
+    lo, at_lo, hi, at_hi = jax.jit(lambda e: _solver.bisect_whole(read, above, e))(ends)
+  assert (int(lo), int(hi)) == (first - 1, first)
+  assert float(at_lo[0]) == float(values[first - 1]) and int(at_lo[1]) == 3 * (first - 1)
+  assert float(at_hi[0]) == float(values[first]) and int(at_hi[1]) == 3 * first
+  nan_read = lambda b: (jnp.nan * b, b)
+  lo, _, hi, _ = _solver.bisect_whole(nan_read, above, (jnp.asarray(0), nan_read(0),
+                                                        jnp.asarray(1000), nan_read(1000)))
+  assert (int(lo), int(hi)) == (0, 1)

@@ -29,7 +29,7 @@ import numpy as np
 
 from jaxacct import results
 from jaxacct._numerics import F64_EPS
-from jaxacct._solver import implicit_root, newton_in_bracket
+from jaxacct._solver import bisect_whole, implicit_root, newton_in_bracket
 from jaxacct.results import Bounds
 
 
@@ -262,17 +262,9 @@ class _SpectralSums:
     return jax.vmap(self._cell, (0, 0, None))(targets, ends, whole[1])
 
   def _bisect(self, target, ends):
-    """Bisection of the bracket ``ends`` = (lo, its parts, hi, its parts), d(lo) > target >=
-    d(hi) (lo = 0 unchecked), to adjacent boundaries."""
-    def halve(ends):
-      lo, at_lo, hi, at_hi = ends
-      mid = (lo + hi) // 2
-      at_mid = self._at(mid)
-      above = _d(at_mid) > target
-      pick = lambda a, b: jax.tree_util.tree_map(lambda x, y: jnp.where(above, x, y), a, b)
-      return (jnp.where(above, mid, lo), pick(at_mid, at_lo), jnp.where(above, hi, mid),
-              pick(at_hi, at_mid))
-    return jax.lax.while_loop(lambda ends: ends[2] - ends[0] > 1, halve, ends)
+    """``bisect_whole`` of the bracket ``ends`` = (lo, its parts, hi, its parts) of the
+    boundaries, d(lo) > target >= d(hi) (lo = 0 unchecked)."""
+    return bisect_whole(self._at, lambda parts: _d(parts) > target, ends)
 
   def _near(self, target, found, whole):
     """A bracket of ``target``'s crossing from the anchor's (``found``), on the side where d
