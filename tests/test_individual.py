@@ -915,3 +915,11 @@ def test_bucket_counter_at_q_1_voids_an_example_listed_twice(x64_off):
 def test_per_example_privacy_refuses_impossible_counts(counts, steps, message):
   with pytest.raises(ValueError, match=message):
     individual.per_example_privacy(np.asarray(counts), steps, [2.0, 3.0], 0.1, 1e-5)
+
+
+@pytest.mark.parametrize("grid, message", [([2.0, -1.0], "finite values > 0"),
+                                           ([2.0, np.nan], "finite values > 0"),
+                                           ([3.0, 2.0], "strictly increasing")])
+def test_per_example_privacy_refuses_bad_grids(grid, message):
+  with pytest.raises(ValueError, match=message):
+    individual.per_example_privacy(np.ones((1, 2), int), 2, grid, 0.1, 1e-5)

@@ -443,7 +443,7 @@ def per_example_privacy(counts, steps, sigma_grid, sampling_rate, delta, *, tail
 
 def _per_example_privacy(counts, steps, sigma_grid, sampling_rate, delta, tail_delta, eps_error,
                          chunk, devices, repeated):
-  grid = np.asarray(sigma_grid, np.float64)
+  grid = _grid.checked_grid(sigma_grid, np.inf)  # (the first noise charges uncounted steps)
   counts = checked_counts(counts, steps, grid.size)
   q = float(sampling_rate)
   if q < 1:
