@@ -179,6 +179,28 @@ def test_counted_sums_skip_uncounted_entries_and_keep_infinities():
     np.testing.assert_allclose(row, want, rtol=1e-14)
 
 
+def test_loss_top_bounds_the_counted_losses_and_ignores_uncounted_unbounded_ones():
+  """sum_j c_j max_loss_j rounded up (never below the long-double sum, within a few ulps of it),
+  +inf exactly where a counted entry's loss is unbounded (inf or nan), whatever an uncounted
+  entry holds; batched over count vectors too."""
+  rng = np.random.default_rng(5)
+  max_loss = rng.uniform(-3.0, 40.0, size=7)
+  max_loss[2], max_loss[5] = np.inf, np.nan
+  counts = rng.integers(0, 1000, size=(64, 7)).astype(np.float64)
+  counts[::2, 2] = 0
+  counts[::3, 5] = 0
+  with jax.enable_x64(True):
+    got = np.asarray(jax.vmap(lambda c: spectrum._loss_top(c, jnp.asarray(max_loss)))(counts))
+  for c, top in zip(counts, got):
+    used = c > 0
+    if not np.all(np.isfinite(max_loss[used])):
+      assert top == np.inf
+      continue
+    exact = np.sum(c[used].astype(np.longdouble) * max_loss[used].astype(np.longdouble))
+    assert top >= exact
+    assert top - exact <= 1e-14 * np.sum(c[used] * np.abs(max_loss[used]))
+
+
 @pytest.mark.parametrize("gap", [0.5, 1e-5, 1e-10])
 def test_epsilon_below_the_grid_is_rounded_to_the_safe_side(gap):
   """A target above delta(first boundary) puts epsilon below the grid, where delta = total -

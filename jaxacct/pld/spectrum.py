@@ -261,7 +261,7 @@ def _loss_top(counts, max_loss):
   top = _weighted(counts, safe)
   # round-off of the products and the sum: (entries + 1) half-ulps of sum_j count_j |max_j|
   slack = (counts.shape[0] + 2) * F64_EPS * _weighted(counts, jnp.abs(safe))
-  unbounded = jnp.any((counts > 0) & ~bounded)
+  unbounded = _flagged(counts, ~bounded)
   return jnp.where(unbounded, jnp.inf, top + jax.lax.stop_gradient(slack))
 
 
