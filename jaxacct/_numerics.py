@@ -126,11 +126,15 @@ def cpu_threads(devices):
   return max(1, (os.cpu_count() or 1) // len(devices))
 
 
-def threaded_call(fn, *args):
+def threaded_call(fn, *args, device=None):
   """``host_values(fn(*args))`` under float64, for a worker thread (the caller's scoped
-  ``enable_x64`` does not reach another thread)."""
+  ``enable_x64`` and default device do not reach another thread: ``device``, where given, is
+  the default device there)."""
   with jax.enable_x64(True):
-    return host_values(fn(*args))
+    if device is None:
+      return host_values(fn(*args))
+    with jax.default_device(device):
+      return host_values(fn(*args))
 
 
 def scoped_gradients(fn, nondiff_argnums=()):

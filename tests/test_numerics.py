@@ -435,3 +435,19 @@ def test_a_batch_answers_each_setting_as_it_would_alone_on_its_plan_row():
       assert np.asarray(getattr(batch, name))[i] == np.asarray(getattr(alone, name))
   for name in ("lower", "estimate", "upper"):
     np.testing.assert_allclose(getattr(batch, name), getattr(mapped, name), rtol=1e-12)
+
+
+def test_a_worker_thread_runs_float64_on_the_device_it_is_given():
+  """``threaded_call`` in a worker thread (where neither the caller's float64 scope nor its
+  default device reach): float64 there, and the device it is given is the default one (none
+  given: JAX's own default, unset)."""
+  import concurrent.futures
+  from jaxacct._numerics import threaded_call
+  seen = lambda: np.asarray([str(jax.config.jax_default_device),
+                             str(jnp.zeros(()).dtype)])
+  device = jax.devices()[0]
+  with jax.default_device(device), concurrent.futures.ThreadPoolExecutor(1) as pool:
+    given = pool.submit(threaded_call, seen, device=device).result()
+    plain = pool.submit(threaded_call, seen).result()
+  assert list(given) == [str(device), "float64"]
+  assert list(plain) == ["None", "float64"]

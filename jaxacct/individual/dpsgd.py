@@ -438,11 +438,11 @@ def per_example_privacy(counts, steps, sigma_grid, sampling_rate, delta, *, tail
     raise ValueError("none of the devices belongs to this process")
   with jax.default_device(own[0]):
     return _per_example_privacy(counts, steps, sigma_grid, sampling_rate, delta, tail_delta,
-                                eps_error, chunk, devices, repeated)
+                                eps_error, chunk, devices, own[0], repeated)
 
 
 def _per_example_privacy(counts, steps, sigma_grid, sampling_rate, delta, tail_delta, eps_error,
-                         chunk, devices, repeated):
+                         chunk, devices, home, repeated):
   grid = _grid.checked_grid(sigma_grid, np.inf)  # (the first noise charges uncounted steps)
   counts = checked_counts(counts, steps, grid.size)
   q = float(sampling_rate)
@@ -453,7 +453,12 @@ def _per_example_privacy(counts, steps, sigma_grid, sampling_rate, delta, tail_d
   if not 0 < tail_delta < delta:
     raise ValueError(f"tail_delta must be in (0, delta); got {tail_delta!r}")
   worst = max(int(counts.sum(axis=1).max()), 1)
-  plan = _plan_for(grid, q, worst, tail_delta, eps_error)
+  plan = _plan_for(grid, q, worst, tail_delta, eps_error)  # (refuses a bad rate or eps_error)
+  # The RDP column's table (a quadrature program: seconds, the first time for a grid and rate)
+  # is built on a thread of its own, on ``home``, while the PLD spectra are.
+  side = concurrent.futures.ThreadPoolExecutor(1)
+  rdp_table = side.submit(threaded_call, _rdp_table, grid, q, device=home)
+  side.shutdown(wait=False)
   # The GDP fit's points: up to where the worst example's upper delta falls below tail_delta.
   top = float(_worst_epsilon(grid[0], q, worst, tail_delta, plan)) * 1.1 + 4 * plan.grid_step
   h = float(plan.grid_step)
@@ -463,42 +468,59 @@ def _per_example_privacy(counts, steps, sigma_grid, sampling_rate, delta, tail_d
   choice = _band_choice(counts, log_largest, bands, plan)
   # The chosen bands' terms only (copies of the spectra's first coefficients): the whole spectra
   # (~0.5 GB at the default plan) are released before the chunks run.
-  used = np.unique(choice)
-  cuts = {b: _cut(terms, bands[b], log_largest[b]) for b in used}
+  cuts = {b: _cut(terms, bands[b], log_largest[b]) for b in np.unique(choice)}
   del terms
-  run, split, replicated = _sharded_chunk(devices)
-  outs, order = [], []
-  with concurrent.futures.ThreadPoolExecutor(cpu_threads(devices)) as pool:
-    for b in used:
-      members, band = np.flatnonzero(choice == b), bands[b]
-      band_plan, band_terms, fixed = jax.device_put(
-          (dataclasses.replace(plan, band=band), cuts.pop(b),
-           (jnp.asarray(delta), jnp.asarray(eps_points), jnp.asarray(tail_delta))), replicated)
-      per_chunk = min(chunk, max(len(devices), _CHUNK_COEFFICIENTS // band))
-      # One shape (one compiled program) per band: the last chunk is padded to the others'.
-      size = min(per_chunk, 1 << max(members.size - 1, 15).bit_length())
-      size = -(-size // len(devices)) * len(devices)
-      for first in range(0, members.size, per_chunk):
-        rows = counts[members[first:first + per_chunk]]
-        padded = np.zeros((size, rows.shape[1]), np.int64)
-        padded[:rows.shape[0]] = rows
-        block = jax.device_put(padded.astype(np.float64), split)
-        args = (band_terms, block, band_plan, *fixed)
-        outs.append((pool.submit(threaded_call, run, *args), rows.shape[0]))
-      order.append(members)
-    outs = [jax.tree_util.tree_map(lambda a, n=n: a[:n], out.result()) for out, n in outs]
-  inverse = np.argsort(np.concatenate(order))
-  bounds, curves, mus = jax.tree_util.tree_map(lambda *a: np.concatenate(a)[inverse], *outs)
+  fixed = (jnp.asarray(delta), jnp.asarray(eps_points), jnp.asarray(tail_delta))
+  bounds, curves, mus = _band_reports(counts, choice, cuts, bands, plan, fixed, chunk, devices)
   covered = curves[:, -1] <= tail_delta  # the fit's range reached the tail
   mus = np.where(covered, mus, np.inf)
   gdp_eps = np.asarray(gdp.epsilon_of_mu(np.maximum(mus, 1e-300), delta - tail_delta))
   gdp_rdp = _rdp_route(mus, delta)
-  table = _rdp_table(grid, q)
-  rdp_eps = rdp_epsilon(counts @ table, RDP_ORDERS, delta)
+  rdp_eps = rdp_epsilon(counts @ rdp_table.result(), RDP_ORDERS, delta)
   fields = (bounds, mus, np.where(np.isfinite(mus), gdp_eps, np.inf), gdp_rdp, rdp_eps)
   if repeated is not None:
     fields = _without_guarantee(fields, np.asarray(repeated, bool))
   return PerExample(*fields, float(delta), tail_delta, float(eps_points[-1]))
+
+
+def _chunk_shape(members, band, chunk, devices):
+  """(examples per chunk, the rows each chunk is padded to) for a band's ``members``: at most
+  ``chunk`` examples and ``_CHUNK_COEFFICIENTS`` band coefficients a chunk; one shape (one
+  compiled program) per band, a multiple of the device count."""
+  per_chunk = min(chunk, max(len(devices), _CHUNK_COEFFICIENTS // band))
+  size = min(per_chunk, 1 << max(members.size - 1, 15).bit_length())
+  return per_chunk, -(-size // len(devices)) * len(devices)
+
+
+def _padded(rows, size):
+  """Count rows as float64 [size, grid], zero rows below (an example of no steps)."""
+  padded = np.zeros((size, rows.shape[1]), np.int64)
+  padded[:rows.shape[0]] = rows
+  return padded.astype(np.float64)
+
+
+def _band_reports(counts, choice, cuts, bands, plan, fixed, chunk, devices):
+  """(bounds, upper delta curves, GDP mus) of every example, in the examples' order: each band's
+  members (``choice``) in chunks (``_chunk_shape``) split across ``devices``, dispatched from
+  one thread per free core (``cpu_threads``). ``cuts``: each chosen band's terms, released as
+  its chunks are dispatched; ``fixed``: (delta, eps_points, tail_delta)."""
+  run, split, replicated = _sharded_chunk(devices)
+  outs, order = [], []
+  with concurrent.futures.ThreadPoolExecutor(cpu_threads(devices)) as pool:
+    for b in sorted(cuts):
+      members, band = np.flatnonzero(choice == b), bands[b]
+      band_plan, band_terms, band_fixed = jax.device_put(
+          (dataclasses.replace(plan, band=band), cuts.pop(b), fixed), replicated)
+      per_chunk, size = _chunk_shape(members, band, chunk, devices)
+      for first in range(0, members.size, per_chunk):
+        rows = counts[members[first:first + per_chunk]]
+        block = jax.device_put(_padded(rows, size), split)
+        args = (band_terms, block, band_plan, *band_fixed)
+        outs.append((pool.submit(threaded_call, run, *args), rows.shape[0]))
+      order.append(members)
+    outs = [jax.tree_util.tree_map(lambda a, n=n: a[:n], out.result()) for out, n in outs]
+  inverse = np.argsort(np.concatenate(order))
+  return jax.tree_util.tree_map(lambda *a: np.concatenate(a)[inverse], *outs)
 
 
 def _without_guarantee(fields, repeated):
