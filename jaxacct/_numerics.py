@@ -130,11 +130,8 @@ def threaded_call(fn, *args, device=None):
   """``host_values(fn(*args))`` under float64, for a worker thread (the caller's scoped
   ``enable_x64`` and default device do not reach another thread: ``device``, where given, is
   the default device there)."""
-  with jax.enable_x64(True):
-    if device is None:
-      return host_values(fn(*args))
-    with jax.default_device(device):
-      return host_values(fn(*args))
+  with jax.enable_x64(True), jax.default_device(device):  # (None: JAX's own default)
+    return host_values(fn(*args))
 
 
 def scoped_gradients(fn, nondiff_argnums=()):
