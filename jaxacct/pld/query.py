@@ -130,7 +130,7 @@ class _TailSums:
   (pmf and scaled are stacked, so that each lookup is one gather and one matrix product.)
   """
 
-  rows: jax.Array   # [blocks, 2, B] pmf and scaled, zero padded
+  rows: jax.Array   # [2, blocks, B] pmf and scaled, zero padded (as stacked: no transposed copy)
   after: jax.Array  # [2, blocks + 1] their sums over blocks >= J
   h: jax.Array
   n: int = dataclasses.field(metadata=dict(static=True))  # N, the unpadded length
@@ -141,10 +141,12 @@ class _TailSums:
     block = min(_TAIL_BLOCK, n)
     blocks = -(-n // block)
     rel = (jnp.arange(n) - n // 2).astype(jnp.float64) * h
-    both = jnp.stack([pmf, pmf * jnp.exp(-rel)])                          # [2, N]
+    # (a product, not a stack of pmf and pmf e^{-rel}: under vmap a stack moves the batch axis,
+    # and XLA copies the grid twice over to move it back)
+    both = jnp.stack([jnp.ones_like(rel), jnp.exp(-rel)]) * pmf           # [2, N]
     rows = jnp.pad(both, ((0, 0), (0, blocks * block - n))).reshape(2, blocks, block)
     after = jnp.pad(_suffix_sums(jnp.sum(rows, 2)), ((0, 0), (0, 1)))
-    return _TailSums(jnp.swapaxes(rows, 0, 1), after, h, n)
+    return _TailSums(rows, after, h, n)
 
   def _weight(self, b):
     """kappa e^{rel_b}: d(b) = mass(b) - kappa e^{rel_b} scaled(b) (``_cell_share`` at w <= 0)."""
@@ -161,12 +163,12 @@ class _TailSums:
     boundary k with d(k) <= target (a count over block starts, then over one block's
     boundaries); the cell i = max(k - 1, 0) (up to round-off between the two counts); d at i
     and i + 1; beyond i + 1 the mass and the weighted sum c e^{rel_{i+1}} sum scaled; pmf_i."""
-    blocks, _, block = self.rows.shape
+    _, blocks, block = self.rows.shape
     starts = jnp.arange(blocks) * block
     d_starts = self.after[0, :-1] - self._weight(starts) * self.after[1, :-1]
     j = jnp.clip(jnp.sum(d_starts > target) - 1, 0, blocks - 1)
     # Boundaries j B, ..., (j + 1) B of the row: its suffix sums plus the blocks after it.
-    row = self.rows[j]                                                     # [2, B]
+    row = self.rows[:, j]                                                  # [2, B]
     mass, scaled = jnp.pad(_suffix_sums(row), ((0, 0), (0, 1))) + self.after[:, j + 1, None]
     bounds = j * block + jnp.arange(block + 1)
     weighted = self._weight(bounds) * scaled

@@ -368,7 +368,10 @@ def materialise(acc, plan):
   window = _window(acc, plan)
   spectrum, relative_error = _composed_spectrum(acc, plan)
   circular = jnp.fft.irfft(spectrum, n=n)
-  pmf = jnp.roll(circular, -jnp.mod(window["start"] - acc["base"], n))
+  # p_j = circular_{(j + shift) mod n}, gathered in place (a roll by a traced shift would first
+  # copy the grid twice over: 10 MB more of temporaries at T = 10^4, see _numerics.fast_jit).
+  shift = jnp.mod(window["start"] - acc["base"], n)
+  pmf = circular[jnp.mod(jnp.arange(n) + shift, n)]
   # Round-off: sum_j |err_j| <= sqrt(n) ||err||_2 = ||spectrum error||_2 (Parseval, both halves),
   # plus the inverse transform's own error c eps log2(n) sqrt(n) ||f||_2.
   coefficient_error = jnp.abs(spectrum) * relative_error
