@@ -15,9 +15,16 @@ that run time goes, warm, in one process:
    T = 1,000): the time of each stage its progress reports (start and plans, the certified
    search, the front door's check) and how many certified values each setting's search read.
 
+3. The allocator (``--allocator`` runs this part alone): the single-setting program at
+   T = 10^3, 10^4, 10^5, warm, in fresh processes with glibc's default malloc and with
+   ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``: milliseconds and page faults a call. XLA:CPU
+   allocates a program's temporaries anew at every call; glibc maps an allocation over 32 MiB
+   fresh from the kernel each time, so each call faults in every page of it (4 KiB at a time,
+   or 2 MiB with transparent huge pages, which that tunable asks for).
+
 Run (``pip install -e ".[bench]"``; the profiler needs nothing more)::
 
-    python benchmarks/profile_runtime.py
+    python benchmarks/profile_runtime.py [--allocator]
     XLA_FLAGS=--xla_cpu_enable_concurrency_optimized_scheduler=false python benchmarks/profile_runtime.py
 """
 
@@ -30,6 +37,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -137,7 +145,61 @@ def calibration_stages(targets=np.linspace(1.0, 4.0, 100), steps=1_000, repeats=
   return stages, end - start, np.bincount(np.concatenate(reads))
 
 
+_WARM_CALLS = """
+import json, resource, statistics, sys, time
+import jax
+jax.config.update("jax_enable_x64", True)
+from jaxacct import dpsgd_composition
+from jaxacct.pld import make_plan
+from jaxacct.pld.accountant import single_program
+steps, calls = int(sys.argv[1]), int(sys.argv[2])
+comp = dpsgd_composition({sigma}, {q}, steps)
+plan, run = make_plan(comp, {delta}), single_program("epsilon")
+for _ in range(3):
+  upper = float(run(comp, {delta}, plan).upper)
+faults, times = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, []
+for _ in range(calls):
+  start = time.perf_counter()
+  jax.block_until_ready(run(comp, {delta}, plan))
+  times.append(time.perf_counter() - start)
+faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / calls
+print(json.dumps([1e3 * statistics.median(times), faults, upper]))
+""".format(sigma=SIGMA, q=Q, delta=DELTA)
+
+TUNABLE = "glibc.malloc.hugetlb=1"
+
+
+def allocator_rows(rounds=2):
+  """(T, [(ms, faults a call, upper)] with glibc's defaults, the same with ``TUNABLE``), each
+  the best median of ``rounds`` fresh processes, alternated."""
+  rows = []
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  for steps in (1_000, 10_000, 100_000):
+    runs = {"": [], TUNABLE: []}
+    for _ in range(rounds):
+      for tunable, found in runs.items():
+        env = dict(os.environ, GLIBC_TUNABLES=tunable, PYTHONPATH=root)
+        out = subprocess.run([sys.executable, "-c", _WARM_CALLS, str(steps),
+                              str(REPEATS if steps < 100_000 else 5)], env=env, check=True,
+                             capture_output=True, text=True).stdout
+        found.append(json.loads(out.splitlines()[-1]))
+    rows.append((steps, [min(found) for found in runs.values()]))
+  return rows
+
+
+def print_allocator():
+  print(f"\n3. the allocator: the single-setting program warm, fresh processes "
+        f"(GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')!r} in this one)")
+  print(f"{'T':>8s} {'default ms':>11s} {'faults':>8s} {TUNABLE + ' ms':>29s} {'faults':>8s}"
+        f"  same upper")
+  for steps, ((ms, faults, upper), (ms_t, faults_t, upper_t)) in allocator_rows():
+    print(f"{steps:8,d} {ms:11.2f} {faults:8.0f} {ms_t:29.2f} {faults_t:8.0f}  {upper == upper_t}")
+
+
 def main():
+  if "--allocator" in sys.argv[1:]:
+    print_allocator()
+    return
   print(f"machine: {platform.machine()}, {os.cpu_count()} cores, jax {jax.__version__}, "
         f"load {os.getloadavg()[0]:.2f}, XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
   print(f"\n1. the single-setting PLD program, q {Q}, sigma {SIGMA}, delta {DELTA} (warm, median "
@@ -157,6 +219,7 @@ def main():
   print("  settings by certified values read: "
         + ", ".join(f"{n} reads: {c}" for n, c in enumerate(reads) if c)
         + f" ({int(np.dot(np.arange(reads.size), reads))} in all)")
+  print_allocator()
 
 
 if __name__ == "__main__":
