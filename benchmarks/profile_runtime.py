@@ -178,7 +178,8 @@ def allocator_rows(rounds=2):
     runs = {"": [], TUNABLE: []}
     for _ in range(rounds):
       for tunable, found in runs.items():
-        env = dict(os.environ, GLIBC_TUNABLES=tunable, PYTHONPATH=root)
+        path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+        env = dict(os.environ, GLIBC_TUNABLES=tunable, PYTHONPATH=path)
         out = subprocess.run([sys.executable, "-c", _WARM_CALLS, str(steps),
                               str(REPEATS if steps < 100_000 else 5)], env=env, check=True,
                              capture_output=True, text=True).stdout

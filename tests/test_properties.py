@@ -62,8 +62,10 @@ def test_bounds_consistent_with_dp_accounting(sigma, rate, steps, delta):
   # shared plan's: its step (2.3e-4, sized for sigma 1, q 0.1) is coarse against a small step loss
   # (sigma 4, q 1e-3: spread 0.13, so epsilon ~6 % high). On 80 random settings against their own
   # plans every estimate here was above the truth, by 0.92-0.95 x spread / 2 x epsilon at most.
-  tolerance = 1e-3 * max(1.0, upper_ref) + _split_spread(sigma, rate) * upper_ref
-  assert abs(float(r.estimate) - upper_ref) <= tolerance
+  # The split adds at most h^2 / 4 to a step's variance (1.5 x the average): epsilon grows by at
+  # most 0.75 x spread of itself, and only upwards.
+  gap, slack = float(r.estimate) - upper_ref, 1e-3 * max(1.0, upper_ref)
+  assert -slack <= gap <= slack + 0.75 * _split_spread(sigma, rate) * upper_ref
 
 
 @SETTINGS

@@ -368,10 +368,12 @@ def materialise(acc, plan):
   window = _window(acc, plan)
   spectrum, relative_error = _composed_spectrum(acc, plan)
   circular = jnp.fft.irfft(spectrum, n=n)
-  # p_j = circular_{(j + shift) mod n}, gathered in place (a roll by a traced shift would first
-  # copy the grid twice over: 10 MB more of temporaries at T = 10^4, see _numerics.fast_jit).
+  # p_j = circular_{(j + shift) mod n}, gathered (a roll by a traced shift first copies the grid
+  # twice over; see benchmarks/README.md, "Where a warm answer's run time goes"). The indices
+  # are in range and distinct: no clamping, and the gradient a scatter without collisions.
   shift = jnp.mod(window["start"] - acc["base"], n)
-  pmf = circular[jnp.mod(jnp.arange(n) + shift, n)]
+  pmf = circular.at[jnp.mod(jnp.arange(n) + shift, n)].get(mode="promise_in_bounds",
+                                                           unique_indices=True)
   # Round-off: sum_j |err_j| <= sqrt(n) ||err||_2 = ||spectrum error||_2 (Parseval, both halves),
   # plus the inverse transform's own error c eps log2(n) sqrt(n) ||f||_2.
   coefficient_error = jnp.abs(spectrum) * relative_error
