@@ -11,15 +11,6 @@ import pytest
 from scipy import optimize, stats
 
 
-# Transparent huge pages for glibc's large allocations (glibc >= 2.35 on Linux; read by each
-# process at its start, so it serves the pytest workers and subprocesses; elsewhere ignored):
-# XLA:CPU allocates a program's temporaries anew at each call, and over 32 MiB glibc maps them
-# fresh from the kernel, faulting every 4 KiB page in again (``benchmarks/profile_runtime.py
-# --allocator``). test_closed_forms.py and test_references.py on two workers, one run each:
-# 442 -> 409 s (12-03). Added to a caller's own tunables, unless they set it.
-_TUNABLES = os.environ.get("GLIBC_TUNABLES", "")
-if "glibc.malloc.hugetlb" not in _TUNABLES:
-  os.environ["GLIBC_TUNABLES"] = ":".join(filter(None, [_TUNABLES, "glibc.malloc.hugetlb=1"]))
 # Tests never write into the user's compilation cache (the CLI's; see test_inputs for its test).
 os.environ["JAXACCT_NO_CACHE"] = "1"
 # One compilation cache for the session, shared by the pytest workers and every subprocess a
