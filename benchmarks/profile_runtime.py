@@ -174,11 +174,11 @@ def allocator_rows(rounds=2):
   the best median of ``rounds`` fresh processes, alternated."""
   rows = []
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
   for steps in (1_000, 10_000, 100_000):
     runs = {"": [], TUNABLE: []}
     for _ in range(rounds):
       for tunable, found in runs.items():
-        path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
         env = dict(os.environ, GLIBC_TUNABLES=tunable, PYTHONPATH=path)
         out = subprocess.run([sys.executable, "-c", _WARM_CALLS, str(steps),
                               str(REPEATS if steps < 100_000 else 5)], env=env, check=True,

@@ -362,6 +362,11 @@ def _dropped_error(acc, plan):
                    jnp.exp(acc["high_log"] + 0.5 * math.log(2.0 * n_high)), 0.0)
 
 
+def _circular_shift(acc, window, n):
+  """Where the window's first cell lies in the inverse transform's circular grid."""
+  return jnp.mod(window["start"] - acc["base"], n)
+
+
 def materialise(acc, plan):
   """Composed pmf on its window and the certificates for what the window leaves out."""
   n = plan.fft_size
@@ -371,7 +376,7 @@ def materialise(acc, plan):
   # p_j = circular_{(j + shift) mod n}, gathered (a roll by a traced shift first copies the grid
   # twice over; see benchmarks/README.md, "Where a warm answer's run time goes"). The indices
   # are in range and distinct: no clamping, and the gradient a scatter without collisions.
-  shift = jnp.mod(window["start"] - acc["base"], n)
+  shift = _circular_shift(acc, window, n)
   pmf = circular.at[jnp.mod(jnp.arange(n) + shift, n)].get(mode="promise_in_bounds",
                                                            unique_indices=True)
   # Round-off: sum_j |err_j| <= sqrt(n) ||err||_2 = ||spectrum error||_2 (Parseval, both halves),
@@ -400,7 +405,7 @@ def band_materialise(acc, plan):
   spectrum, relative_error = _composed_spectrum(acc, plan)
   spectrum, relative_error = spectrum[:k1], relative_error[:k1]
   k = jnp.arange(k1)
-  shift = jnp.mod(window["start"] - acc["base"], n)  # p_j = circular_{j + shift}
+  shift = _circular_shift(acc, window, n)  # p_j = circular_{j + shift}
   weight = jnp.where((k == 0) | (2 * k == n), 1.0, 2.0) / n  # (0 and Nyquist: their own pair)
   band = weight * spectrum * jnp.conj(_rotation(shift, k, n))
   coefficient_error = jnp.abs(spectrum) * relative_error
