@@ -6,17 +6,22 @@ programs, not by compiling them (``program_kernels.py`` measures that). This scr
 that run time goes, warm, in one process:
 
 1. The front door's single-setting PLD program (``pld.accountant.single_program``: compose, then
-   query) for DP-SGD at q = 0.01, sigma = 1, delta = 1e-5 and T = 10^3, 10^4, 10^5, against the
-   same computation as two programs (compose; query the composed PLD): milliseconds each and
-   whether both give the same upper. Then, under JAX's profiler, the T = 10^4 program's XLA
+   query) on ten settings (DP-SGD at T = 10^3 to 10^5, a symmetric one, one of two entries), as
+   one compiled program and as two (compose; query the composed PLD): the temporaries of the
+   one program and of the query alone (XLA's ``memory_analysis``, beside the estimate the front
+   door decides by: two programs where the one passes glibc's 32 MiB and the query does not),
+   milliseconds each, and how far their uppers differ. Then, under JAX's profiler, the T = 10^4
+   one program's XLA
    kernels: their summed busy time against the wall time (above 1: kernels ran side by side
    on several cores) and the costliest kernels.
 2. ``calibrate.noise_multiplier`` for 100 epsilon targets (1...4, delta 1e-5, q 0.01,
    T = 1,000): the time of each stage its progress reports (start and plans, the certified
    search, the front door's check) and how many certified values each setting's search read.
 
-3. The allocator (``--allocator`` runs this part alone): the single-setting program at
-   T = 10^3, 10^4, 10^5, warm, in fresh processes with glibc's default malloc and with
+(``--programs`` runs part 1's table alone.)
+
+3. The allocator (``--allocator`` runs this part alone): the front door's single-setting
+   accountant (one program, or two at T = 10^4) at T = 10^3, 10^4, 10^5, warm, in fresh processes with glibc's default malloc and with
    ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``: milliseconds and page faults a call. XLA:CPU
    allocates a program's temporaries anew at every call; glibc maps an allocation over 32 MiB
    fresh from the kernel each time, so each call faults in every page of it (4 KiB at a time,
@@ -24,7 +29,7 @@ that run time goes, warm, in one process:
 
 Run (``pip install -e ".[bench]"``; the profiler needs nothing more)::
 
-    python benchmarks/profile_runtime.py [--allocator]
+    python benchmarks/profile_runtime.py [--programs | --allocator]
     XLA_FLAGS=--xla_cpu_enable_concurrency_optimized_scheduler=false python benchmarks/profile_runtime.py
 """
 
@@ -52,12 +57,29 @@ jax.config.update("jax_enable_x64", True)
 
 from jaxacct import calibrate, dpsgd_composition  # noqa: E402
 from jaxacct.pld import make_plan  # noqa: E402
-from jaxacct.pld.accountant import single_program  # noqa: E402
+from jaxacct import models  # noqa: E402
+from jaxacct._numerics import scoped_gradients  # noqa: E402
+from jaxacct.composition import Composition  # noqa: E402
+from jaxacct.pld import accountant  # noqa: E402
+from jaxacct.pld.accountant import _epsilon_single, single_program  # noqa: E402
 from jaxacct.pld.distribution import compose  # noqa: E402
 from jaxacct.pld.query import epsilon_from_pld  # noqa: E402
 
 Q, SIGMA, DELTA = 0.01, 1.0, 1e-5
 REPEATS = 20
+
+
+def interleaved_ms(fns, *args, repeats=REPEATS):
+  """The median wall time in milliseconds of each of ``fns`` on ``args``, their calls taken in
+  turn (so that a drifting machine slows them alike), after two calls each."""
+  times = [[] for _ in fns]
+  for round_ in range(repeats + 2):
+    for fn, found in zip(fns, times):
+      start = time.perf_counter()
+      jax.block_until_ready(fn(*args))
+      if round_ >= 2:
+        found.append(time.perf_counter() - start)
+  return [1e3 * statistics.median(found) for found in times]
 
 
 def warm_ms(fn, *args, repeats=REPEATS):
@@ -81,16 +103,37 @@ def two_programs(composition, delta, plan):
   return _query(_compose(composition, plan), delta)
 
 
+_single = jax.jit(scoped_gradients(_epsilon_single))  # (one program, whatever the grid)
+
+# DP-SGD settings (sigma, q, T) and two others whose single programs' temporaries fall on both
+# sides of glibc's 32 MiB (symmetric: one direction; two entries).
+SETTINGS = {f"dpsgd {s:g}, {q:g}, {t:g}": dpsgd_composition(s, q, t) for s, q, t in (
+    (1, 0.01, 1e3), (1, 0.01, 5e3), (1, 0.01, 1e4), (1, 0.01, 2e4), (1, 0.01, 1e5),
+    (1.1, 0.004, 2e4), (2, 0.1, 5e3), (0.7, 0.05, 3e3))}
+SETTINGS["gaussian 30 x 1e4"] = Composition.of((models.Gaussian(30.0), 10_000))
+SETTINGS["dpsgd 1.2, 0.02, 7e3 + laplace"] = Composition.of(
+    (models.PoissonSampled(models.Gaussian(1.2), 0.02), 7_000), (models.Laplace(20.0), 5))
+
+
 def program_rows():
-  """(T, FFT size, fused ms, two programs ms, same upper) for each number of steps."""
+  """(setting, FFT size, the single program's temporaries in MB: measured and estimated, the
+  query's: measured and estimated, one program ms, two programs ms, the front door's choice,
+  the uppers' largest relative difference) for each setting."""
   rows = []
-  for steps in (1_000, 10_000, 100_000):
-    comp = dpsgd_composition(SIGMA, Q, steps)
+  for name, comp in SETTINGS.items():
     plan = make_plan(comp, DELTA)
-    fused = single_program("epsilon")
-    same = float(fused(comp, DELTA, plan).upper) == float(two_programs(comp, DELTA, plan).upper)
-    rows.append((steps, plan.fft_size, warm_ms(fused, comp, DELTA, plan),
-                 warm_ms(two_programs, comp, DELTA, plan), same))
+    args = (comp, DELTA, plan)
+    single = _single.trace(*args).lower().compile().memory_analysis().temp_size_in_bytes
+    query = _query.trace(_compose(comp, plan), DELTA).lower().compile().memory_analysis()
+    estimated = accountant._temporaries(comp, plan)
+    programs = (_single, two_programs, single_program("epsilon"))
+    uppers = [float(fn(*args).upper) for fn in programs]
+    repeats = 2 * REPEATS if plan.fft_size < 10**6 else 6
+    rows.append((name, plan.fft_size, single / 1e6, estimated[0] / 1e6,
+                 query.temp_size_in_bytes / 1e6, estimated[1] / 1e6,
+                 *interleaved_ms(programs[:2], *args, repeats=repeats),
+                 "two" if accountant._in_two_programs(comp, plan) else "one",
+                 max(uppers) / min(uppers) - 1))
   return rows
 
 
@@ -98,7 +141,7 @@ def kernel_profile(steps=10_000, calls=5, top=12):
   """(wall ms, summed kernel ms, [(kernel ms, name)]) of one warm call, from a profiler trace."""
   comp = dpsgd_composition(SIGMA, Q, steps)
   plan = make_plan(comp, DELTA)
-  fused = single_program("epsilon")
+  fused = _single
   warm_ms(fused, comp, DELTA, plan, repeats=2)
   with tempfile.TemporaryDirectory() as folder:
     start = time.perf_counter()
@@ -203,11 +246,16 @@ def main():
     return
   print(f"machine: {platform.machine()}, {os.cpu_count()} cores, jax {jax.__version__}, "
         f"load {os.getloadavg()[0]:.2f}, XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
-  print(f"\n1. the single-setting PLD program, q {Q}, sigma {SIGMA}, delta {DELTA} (warm, median "
-        f"of {REPEATS})")
-  print(f"{'T':>8s} {'FFT':>9s} {'one program ms':>15s} {'two programs ms':>16s}  same upper")
-  for steps, fft, fused, split, same in program_rows():
-    print(f"{steps:8,d} {fft:9,d} {fused:15.2f} {split:16.2f}  {same}")
+  print(f"\n1. the single-setting PLD program, delta {DELTA} (warm, calls in turn, median "
+        f"of {2 * REPEATS}); "
+        f"temporaries in MB, measured / the front door's estimate")
+  print(f"{'setting':>30s} {'FFT':>9s} {'temps one':>14s} {'temps query':>14s} {'one ms':>8s} "
+        f"{'two ms':>8s}  front door  uppers differ by")
+  for name, fft, single, single_est, query, query_est, one, two, chosen, spread in program_rows():
+    print(f"{name:>30s} {fft:9,d} {single:6.1f} / {single_est:5.1f} {query:6.1f} / "
+          f"{query_est:5.1f} {one:8.2f} {two:8.2f}  {chosen:>10s}  {spread:.1e}")
+  if "--programs" in sys.argv[1:]:
+    return
   wall, busy, kernels = kernel_profile()
   print(f"\nT = 10,000, one program under the profiler: wall {wall:.2f} ms, kernels busy "
         f"{busy:.2f} ms (x{busy / wall:.2f} of the wall)")

@@ -4,7 +4,7 @@ XLA's CPU backend compiles every kernel (a fusion, or an op left alone) as its o
 ~10-20 ms each on one core even when it works on a single value, so a program's first call
 costs about its kernel count: the figure that the compile-time work of issue 32 has to bring
 down. This script compiles the front door's single-setting program
-(``jaxacct.pld.accountant.single_program``) for one DP-SGD setting, then again with XLA's dump
+(``jaxacct.pld.accountant.single_program`` as one program) for one DP-SGD setting, then again with XLA's dump
 on, and prints the compile time, the kernels (the dump's object files) by the size of their
 output (a tiny one is scalar bookkeeping) and by the innermost jaxacct function that made them
 (from the HLO's stack frames). Then, compiled once more under JAX's profiler, where XLA's
@@ -32,7 +32,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jaxacct  # noqa: E402
-from jaxacct.pld.accountant import single_program  # noqa: E402
+from jaxacct._numerics import scoped_gradients  # noqa: E402
+from jaxacct.pld.accountant import _epsilon_single  # noqa: E402
 
 
 def _table(text, name):
@@ -138,7 +139,7 @@ def main(argv=None):
     comp = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float64),
                                   jaxacct.dpsgd_composition(args.sigma, args.q, args.steps))
     delta = jnp.asarray(args.delta, jnp.float64)
-    program = jax.jit(single_program("epsilon").__wrapped__)
+    program = jax.jit(scoped_gradients(_epsilon_single))  # (one program, whatever the size)
     start = time.perf_counter()
     lowered = program.trace(comp, delta, plan).lower()
     traced = time.perf_counter() - start

@@ -195,14 +195,11 @@ def checked(composition) -> Composition:
 
 def _worst_direction(composition: Composition, fn, arg, method):
   """``fn(composition, arg, method, add)`` for each adjacency direction (vmapped over the flag;
-  one direction for a symmetric composition), the worse guarantee kept (``results.worst_of``).
+  one direction for a symmetric composition), the worse guarantee kept (``results.worst_over``).
   A composition of no steps is exactly 0 (no privacy loss)."""
   flags = jnp.array([0.0] if composition.symmetric else [0.0, 1.0])
   per_direction = jax.vmap(lambda add: fn(composition, arg, method, add))(flags)
-  out = jax.tree_util.tree_map(lambda x: x[0], per_direction)
-  for i in range(1, flags.shape[0]):
-    out = results.worst_of(out, jax.tree_util.tree_map(lambda x: x[i], per_direction))
-  return results.zero_if(total_count(composition) == 0, out)
+  return results.zero_if(total_count(composition) == 0, results.worst_over(per_direction))
 
 
 def total_count(composition: Composition):

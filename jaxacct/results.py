@@ -107,6 +107,15 @@ def worst_of(a: Bounds, b: Bounds) -> Bounds:
   return Bounds(lower, jnp.maximum(a.estimate, b.estimate), upper, status)
 
 
+def worst_over(stacked: Bounds) -> Bounds:
+  """``worst_of`` over the leading axis of ``stacked`` (one Bounds per adjacency direction)."""
+  row = lambda i: jax.tree_util.tree_map(lambda x: x[i], stacked)
+  out = row(0)
+  for i in range(1, stacked.upper.shape[0]):
+    out = worst_of(out, row(i))
+  return out
+
+
 def zero_if(none, bounds: Bounds) -> Bounds:
   """``bounds``, or exactly 0 with status OK where ``none`` (a composition of no steps)."""
   return Bounds(*(jnp.where(none, 0.0, v) for v in (bounds.lower, bounds.estimate, bounds.upper)),

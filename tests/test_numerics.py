@@ -437,6 +437,41 @@ def test_a_batch_answers_each_setting_as_it_would_alone_on_its_plan_row():
     np.testing.assert_allclose(getattr(batch, name), getattr(mapped, name), rtol=1e-12)
 
 
+def test_one_setting_runs_as_two_programs_where_one_would_fault_in_its_memory(monkeypatch):
+  """On CPU the front door composes and queries one setting as two programs where the single
+  program's temporaries would pass glibc's 32 MiB (T = 10^4 at q = 0.01) and the query's alone
+  would not; either way the answer is the single program's, bit for bit (epsilon of DP-SGD,
+  delta of a symmetric composition of two entries), and under a caller's grad the one program
+  is traced."""
+  from jaxacct.pld import accountant
+  with jax.enable_x64(True):
+    default = jaxacct.dpsgd_composition(1.0, 0.01, 10_000)
+    assert accountant._in_two_programs(default, jaxacct.make_plan(default, 1e-5))
+    small = jaxacct.dpsgd_composition(1.0, 0.01, 1_000)
+    assert not accountant._in_two_programs(small, jaxacct.make_plan(small, 1e-5))
+  cases = [(small, "epsilon", 1e-5),
+           (jaxacct.Composition.of((jaxacct.Gaussian(3.0), 20), (jaxacct.Laplace(40.0), 3)),
+            "delta", 2.0)]
+  for comp, quantity, x in cases:
+    answers = []
+    for two in (True, False):
+      asked = []
+      monkeypatch.setattr(accountant, "_in_two_programs",
+                          lambda composition, plan, two=two: asked.append(two) or two)
+      answers.append(getattr(jaxacct.pld, quantity)(comp, x))
+      assert asked == [two]
+    assert float(answers[0].upper) > 0
+    for name in ("lower", "estimate", "upper", "status"):
+      assert np.asarray(getattr(answers[0], name)) == np.asarray(getattr(answers[1], name))
+  # Under a caller's grad the one function is traced, whatever the size (the two halves' rules
+  # would meet the PLD's integer fields: an error, not a slope).
+  monkeypatch.setattr(accountant, "_in_two_programs", lambda composition, plan: True)
+  plan = jaxacct.dpsgd_plan(1.0, 0.01, 1_000, 1e-5)
+  slope = jax.jit(jax.grad(lambda s: jaxacct.dpsgd_epsilon(s, 0.01, 1_000, 1e-5,
+                                                           plan=plan).upper))(1.0)
+  assert -np.inf < float(slope) < 0
+
+
 def test_a_worker_thread_runs_float64_on_the_device_it_is_given():
   """``threaded_call`` in a worker thread (where neither the caller's float64 scope nor its
   default device reach): float64 there, and the device it is given is the default one (none

@@ -69,19 +69,61 @@ def _mapped(single):
   return fast_jit(scoped_gradients(run, nondiff_argnums=(3,)), static_argnums=(3,))
 
 
-_RUNNERS = {"epsilon": (fast_jit(scoped_gradients(_epsilon_single), exported="pld.epsilon"),
-                        _mapped(_epsilon_single)),
-            "delta": (fast_jit(scoped_gradients(_delta_single), exported="pld.delta"),
-                      _mapped(_delta_single))}
+# glibc maps an allocation over 32 MiB fresh from the kernel (its mmap threshold grows no
+# further), and XLA:CPU allocates a program's temporaries as one block anew at every call: past
+# this size every page of that block faults in again on each call (``_in_two_programs``).
+_FRESH_MAPPING_BYTES = 32 << 20
+
+
+def _temporaries(composition, plan):
+  """Estimated bytes of temporaries of the single-setting program and of its query alone:
+  XLA's ``memory_analysis`` over 15 settings (``benchmarks/profile_runtime.py --programs``),
+  within ~20 %: per direction, 38 a grid point and 100 a step-grid point and entry; the query
+  16 (directions + 1) a grid point."""
+  directions = spectrum.directions(composition).shape[0]
+  entries = len(composition.mechanisms)
+  single = directions * (38 * plan.fft_size + 100 * entries * plan.per_step_size)
+  return single, 16 * (directions + 1) * plan.fft_size
+
+
+def _in_two_programs(composition, plan) -> bool:
+  """Whether one setting is composed and queried as two programs, not one: on CPU where the
+  single program's temporaries pass ``_FRESH_MAPPING_BYTES`` and the query's alone do not. (Two
+  programs fault in less on each call: 0.63-0.85x the time there; elsewhere one program is
+  1.05-1.14x faster: fewer, larger kernels, nothing handed between programs.)"""
+  single, query = _temporaries(composition, plan)
+  return jax.default_backend() == "cpu" and query <= _FRESH_MAPPING_BYTES < single
+
+
+_compose = fast_jit(scoped_gradients(_compose_pure), exported="pld.compose")
+
+
+def _one_setting(quantity, single):
+  """The front door's accountant of one setting: ``single`` as one compiled program, or compose
+  and query as two (``_in_two_programs``); each exported for later processes. Under a caller's
+  jit/vmap/grad always ``single`` (the caller compiles it; the two halves' gradient rules would
+  hand each other the PLD's integer fields)."""
+  fused = fast_jit(scoped_gradients(single), exported=f"pld.{quantity}")
+  query = fast_jit(scoped_gradients(_QUERIES[quantity]), exported=f"pld.{quantity}.query")
+
+  def run(composition, x, plan):
+    if not is_traced((composition, x, plan)) and _in_two_programs(composition, plan):
+      return query(_compose(composition, plan), x)
+    return fused(composition, x, plan)
+
+  return run
+
+
 _QUERIES = {"epsilon": epsilon_from_pld, "delta": delta_from_pld}
+_RUNNERS = {"epsilon": (_one_setting("epsilon", _epsilon_single), _mapped(_epsilon_single)),
+            "delta": (_one_setting("delta", _delta_single), _mapped(_delta_single))}
 
 
 def single_program(quantity):
-  """The compiled accountant of one setting that the front door runs: fn(composition, x, plan)
-  -> Bounds of ``quantity`` ("epsilon" at delta = x, or "delta" at epsilon = x). A caller that
+  """The accountant of one setting that the front door runs: fn(composition, x, plan) -> Bounds
+  of ``quantity`` ("epsilon" at delta = x, or "delta" at epsilon = x), compiled. A caller that
   reads single settings on its own plans (calibration's search) shares its compilations."""
   return _RUNNERS[quantity][0]
-_compose = fast_jit(scoped_gradients(_compose_pure))
 
 
 def _shared_many(mechanisms, counts, x, plan, chunk, quantity):

@@ -582,11 +582,7 @@ _VIEW = ("pmf", "band", "start", "window_above", "window_below", "fft_error", "m
 def _worst_direction(pld, fn, arg):
   """Runs ``fn`` on every direction (vmapped) and keeps the worse guarantee."""
   view = {key: getattr(pld, key) for key in _VIEW}
-  per_direction = jax.vmap(fn, in_axes=(0, None, None))(view, pld.plan, arg)
-  out = jax.tree_util.tree_map(lambda x: x[0], per_direction)
-  for i in range(1, pld.start.shape[0]):
-    out = results.worst_of(out, jax.tree_util.tree_map(lambda x: x[i], per_direction))
-  return out
+  return results.worst_over(jax.vmap(fn, in_axes=(0, None, None))(view, pld.plan, arg))
 
 
 def epsilon_from_pld(pld, delta) -> Bounds:
