@@ -76,10 +76,10 @@ _FRESH_MAPPING_BYTES = 32 << 20
 
 
 def _temporaries(composition, plan):
-  """Estimated bytes of temporaries of the single-setting program and of its query alone:
-  XLA's ``memory_analysis`` over 15 settings (``benchmarks/profile_runtime.py --programs``),
-  within ~20 %: per direction, 38 a grid point and 100 a step-grid point and entry; the query
-  16 (directions + 1) a grid point."""
+  """Estimated bytes of temporaries of the single-setting program and of its query alone, fitted
+  to XLA's ``memory_analysis`` of 15 settings (``benchmarks/profile_runtime.py --programs``
+  prints both for ten), within ~20 %: per direction, 38 a grid point and 100 a step-grid point
+  and entry; the query 16 (directions + 1) a grid point."""
   directions = spectrum.directions(composition).shape[0]
   entries = len(composition.mechanisms)
   single = directions * (38 * plan.fft_size + 100 * entries * plan.per_step_size)
@@ -89,8 +89,8 @@ def _temporaries(composition, plan):
 def _in_two_programs(composition, plan) -> bool:
   """Whether one setting is composed and queried as two programs, not one: on CPU where the
   single program's temporaries pass ``_FRESH_MAPPING_BYTES`` and the query's alone do not. (Two
-  programs fault in less on each call: 0.63-0.85x the time there; elsewhere one program is
-  1.05-1.14x faster: fewer, larger kernels, nothing handed between programs.)"""
+  programs fault in less on each call: 0.71-0.98x the time there; elsewhere one program is up
+  to ~1.2x faster: fewer, larger kernels, nothing handed between programs.)"""
   single, query = _temporaries(composition, plan)
   return jax.default_backend() == "cpu" and query <= _FRESH_MAPPING_BYTES < single
 
