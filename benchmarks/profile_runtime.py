@@ -10,10 +10,9 @@ that run time goes, warm, in one process:
    one compiled program and as two (compose; query the composed PLD): the temporaries of the
    one program and of the query alone (XLA's ``memory_analysis``, beside the estimate the front
    door decides by: two programs where the one passes glibc's 32 MiB and the query does not),
-   milliseconds each, and how far their uppers differ. Then, under JAX's profiler, the T = 10^4
-   one program's XLA
-   kernels: their summed busy time against the wall time (above 1: kernels ran side by side
-   on several cores) and the costliest kernels.
+   milliseconds each, and how far their uppers differ. Then, under JAX's profiler, the XLA
+   kernels of the one program at T = 10^4: their summed busy time against the wall time (above
+   1: kernels ran side by side on several cores) and the costliest kernels.
 2. ``calibrate.noise_multiplier`` for 100 epsilon targets (1...4, delta 1e-5, q 0.01,
    T = 1,000): the time of each stage its progress reports (start and plans, the certified
    search, the front door's check) and how many certified values each setting's search read.
@@ -21,11 +20,12 @@ that run time goes, warm, in one process:
 (``--programs`` runs part 1's table alone.)
 
 3. The allocator (``--allocator`` runs this part alone): the front door's single-setting
-   accountant (one program, or two at T = 10^4) at T = 10^3, 10^4, 10^5, warm, in fresh processes with glibc's default malloc and with
-   ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``: milliseconds and page faults a call. XLA:CPU
-   allocates a program's temporaries anew at every call; glibc maps an allocation over 32 MiB
-   fresh from the kernel each time, so each call faults in every page of it (4 KiB at a time,
-   or 2 MiB with transparent huge pages, which that tunable asks for).
+   accountant (one program, or two at T = 10^4) at T = 10^3, 10^4, 10^5, warm, in fresh
+   processes with glibc's default malloc and with ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``:
+   milliseconds and page faults a call. XLA:CPU allocates a program's temporaries anew at every
+   call; glibc maps an allocation over 32 MiB fresh from the kernel each time, so each call
+   faults in every page of it (4 KiB at a time, or 2 MiB with transparent huge pages, which
+   that tunable asks for).
 
 Run (``pip install -e ".[bench]"``; the profiler needs nothing more)::
 

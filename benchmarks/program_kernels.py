@@ -3,14 +3,14 @@
 XLA's CPU backend compiles every kernel (a fusion, or an op left alone) as its own LLVM module,
 ~10-20 ms each on one core even when it works on a single value, so a program's first call
 costs about its kernel count: the figure that the compile-time work of issue 32 has to bring
-down. This script compiles the front door's single-setting program
-(``jaxacct.pld.accountant.single_program`` as one program) for one DP-SGD setting, then again with XLA's dump
-on, and prints the compile time, the kernels (the dump's object files) by the size of their
-output (a tiny one is scalar bookkeeping) and by the innermost jaxacct function that made them
-(from the HLO's stack frames). Then, compiled once more under JAX's profiler, where XLA's
-compile time goes: its phases (HLO passes, emitting the kernels, LLVM's machine code) and the
-cost of one kernel's emission against its op count (a fixed cost per kernel, whatever its
-size, is what makes many small kernels expensive)::
+down. This script compiles the front door's single-setting program as one program (as
+``jaxacct.pld.accountant.single_program`` runs it below T = 9,000 at the defaults) for one
+DP-SGD setting, then again with XLA's dump on, and prints the compile time, the kernels (the
+dump's object files) by the size of their output (a tiny one is scalar bookkeeping) and by the
+innermost jaxacct function that made them (from the HLO's stack frames). Then, compiled once
+more under JAX's profiler, where XLA's compile time goes: its phases (HLO passes, emitting the
+kernels, LLVM's machine code) and the cost of one kernel's emission against its op count (a
+fixed cost per kernel, whatever its size, is what makes many small kernels expensive)::
 
     python benchmarks/program_kernels.py                      # q 0.01, sigma 1, T 10^4, delta 1e-5
     python benchmarks/program_kernels.py --q 1 --sigma 10 --steps 100 --top 40

@@ -78,7 +78,7 @@ _FRESH_MAPPING_BYTES = 32 << 20
 def _temporaries(composition, plan):
   """Estimated bytes of temporaries of the single-setting program and of its query alone, fitted
   to XLA's ``memory_analysis`` of 15 settings (``benchmarks/profile_runtime.py --programs``
-  prints both for ten), within ~20 %: per direction, 38 a grid point and 100 a step-grid point
+  prints both for ten), within ~21 %: per direction, 38 a grid point and 100 a step-grid point
   and entry; the query 16 (directions + 1) a grid point."""
   directions = spectrum.directions(composition).shape[0]
   entries = len(composition.mechanisms)
@@ -121,8 +121,9 @@ _RUNNERS = {"epsilon": (_one_setting("epsilon", _epsilon_single), _mapped(_epsil
 
 def single_program(quantity):
   """The accountant of one setting that the front door runs: fn(composition, x, plan) -> Bounds
-  of ``quantity`` ("epsilon" at delta = x, or "delta" at epsilon = x), compiled. A caller that
-  reads single settings on its own plans (calibration's search) shares its compilations."""
+  of ``quantity`` ("epsilon" at delta = x, or "delta" at epsilon = x), a function that runs one
+  compiled program or two (``_in_two_programs``). A caller that reads single settings on its own
+  plans (calibration's search) shares its compilations."""
   return _RUNNERS[quantity][0]
 
 
