@@ -165,7 +165,8 @@ def _run(quantity, flat, plan, batch_size, models=None):
     return _shared(models, counts, jnp.asarray(flat[1]), plan, _chunk(plan, batch_size),
                    quantity)
   chunk = _chunk(plan, batch_size)
-  if chunk == 1 and plan.fft_size <= _LOOP_MAX_FFT and not is_traced((flat, plan)):
+  if chunk == 1 and not is_traced((flat, plan)) and (
+      plan.fft_size <= _LOOP_MAX_FFT or _in_two_programs(flat[0], plan)):
     return _looped(one, flat, plan)
   return many(*flat, plan, chunk)
 
@@ -174,7 +175,9 @@ def _run(quantity, flat, plan, batch_size, models=None):
 # program (``_looped``), larger ones as one mapped program (12-02, by hand, 12 settings a batch,
 # T 100 to 10^4: the loop 1.10-1.66x faster up to 327,680 points, one tie; 0.86-1.13x beyond,
 # where each call's fresh buffers of tens of MB cost more than the slices save; see also
-# ``benchmarks/bench_pld.py``'s batches of small plans).
+# ``benchmarks/bench_pld.py``'s batches of small plans). Larger plans loop too where each
+# setting runs as two programs (``_in_two_programs``: no fresh buffers over 32 MiB; 12-03, 12
+# sigmas at T = 10^4 on a 393,216-point plan, 46.5 against 65.0 ms a setting).
 _LOOP_MAX_FFT = 327_680
 
 
