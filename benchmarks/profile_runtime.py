@@ -55,12 +55,10 @@ import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
-from jaxacct import calibrate, dpsgd_composition  # noqa: E402
-from jaxacct.pld import make_plan  # noqa: E402
-from jaxacct import models  # noqa: E402
+from jaxacct import calibrate, dpsgd_composition, models  # noqa: E402
 from jaxacct._numerics import scoped_gradients  # noqa: E402
 from jaxacct.composition import Composition  # noqa: E402
-from jaxacct.pld import accountant  # noqa: E402
+from jaxacct.pld import accountant, make_plan  # noqa: E402
 from jaxacct.pld.accountant import _epsilon_single, single_program  # noqa: E402
 from jaxacct.pld.distribution import compose  # noqa: E402
 from jaxacct.pld.query import epsilon_from_pld  # noqa: E402
@@ -141,13 +139,12 @@ def kernel_profile(steps=10_000, calls=5, top=12):
   """(wall ms, summed kernel ms, [(kernel ms, name)]) of one warm call, from a profiler trace."""
   comp = dpsgd_composition(SIGMA, Q, steps)
   plan = make_plan(comp, DELTA)
-  fused = _single
-  warm_ms(fused, comp, DELTA, plan, repeats=2)
+  warm_ms(_single, comp, DELTA, plan, repeats=2)
   with tempfile.TemporaryDirectory() as folder:
     start = time.perf_counter()
     with jax.profiler.trace(folder, create_perfetto_trace=True):
       for _ in range(calls):
-        jax.block_until_ready(fused(comp, DELTA, plan))
+        jax.block_until_ready(_single(comp, DELTA, plan))
       wall = (time.perf_counter() - start) / calls
     path = glob.glob(os.path.join(folder, "**", "*perfetto_trace.json.gz"), recursive=True)[0]
     with gzip.open(path) as file:
