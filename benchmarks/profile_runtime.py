@@ -7,10 +7,12 @@ that run time goes, warm, in one process:
 
 1. The front door's single-setting PLD program (``pld.accountant.single_program``: compose, then
    query) on ten settings (DP-SGD at T = 10^3 to 10^5, a symmetric one, one of two entries), as
-   one compiled program and as two (compose; query the composed PLD): the temporaries of the
-   one program and of the query alone (XLA's ``memory_analysis``, beside the estimate the front
-   door decides by: two programs where the one passes glibc's 32 MiB and the query does not),
-   milliseconds each, and how far their uppers differ. Then, under JAX's profiler, the XLA
+   one compiled program, as two (compose; query the composed PLD) and as the program on the PLD
+   kept as its band (no inverse transform, queries in O(band)): the temporaries of the one
+   program and of the query alone (XLA's ``memory_analysis``, beside the estimate the front
+   door decides by: the band where the one passes glibc's 32 MiB and the plan drops a band,
+   else two programs where the query does not pass it), milliseconds each, and how far the
+   uppers differ. Then, under JAX's profiler, the XLA
    kernels of the one program at T = 10^4: their summed busy time against the wall time (above
    1: kernels ran side by side on several cores) and the costliest kernels.
 2. ``calibrate.noise_multiplier`` for 100 epsilon targets (1...4, delta 1e-5, q 0.01,
@@ -59,7 +61,7 @@ from jaxacct import calibrate, dpsgd_composition, models  # noqa: E402
 from jaxacct._numerics import scoped_gradients  # noqa: E402
 from jaxacct.composition import Composition  # noqa: E402
 from jaxacct.pld import accountant, make_plan  # noqa: E402
-from jaxacct.pld.accountant import _epsilon_single, single_program  # noqa: E402
+from jaxacct.pld.accountant import _band_single, _epsilon_single, single_program  # noqa: E402
 from jaxacct.pld.distribution import compose  # noqa: E402
 from jaxacct.pld.query import epsilon_from_pld  # noqa: E402
 
@@ -102,6 +104,12 @@ def two_programs(composition, delta, plan):
 
 
 _single = jax.jit(scoped_gradients(_epsilon_single))  # (one program, whatever the grid)
+_banded = jax.jit(scoped_gradients(_band_single("epsilon")))
+
+
+def band_program(composition, delta, plan):
+  """The bounds of the program on the PLD kept as its band (whatever its flag says)."""
+  return _banded(composition, delta, plan)[0]
 
 # DP-SGD settings (sigma, q, T) and two others whose single programs' temporaries fall on both
 # sides of glibc's 32 MiB (symmetric: one direction; two entries).
@@ -115,8 +123,8 @@ SETTINGS["dpsgd 1.2, 0.02, 7e3 + laplace"] = Composition.of(
 
 def program_rows():
   """(setting, FFT size, the single program's temporaries in MB: measured and estimated, the
-  query's: measured and estimated, one program ms, two programs ms, the front door's choice,
-  the uppers' largest relative difference) for each setting."""
+  query's: measured and estimated, one program ms, two programs ms, the band's program ms, the
+  front door's choice, the uppers' largest relative difference) for each setting."""
   rows = []
   for name, comp in SETTINGS.items():
     plan = make_plan(comp, DELTA)
@@ -124,12 +132,13 @@ def program_rows():
     single = _single.trace(*args).lower().compile().memory_analysis().temp_size_in_bytes
     query = _query.trace(_compose(comp, plan), DELTA).lower().compile().memory_analysis()
     estimated = accountant._temporaries(comp, plan)
-    programs = (_single, two_programs, single_program("epsilon"))
+    programs = (_single, two_programs, band_program, single_program("epsilon"))
     uppers = [float(fn(*args).upper) for fn in programs]
     repeats = 2 * REPEATS if plan.fft_size < 10**6 else 6
     rows.append((name, plan.fft_size, single / 1e6, estimated[0] / 1e6,
                  query.temp_size_in_bytes / 1e6, estimated[1] / 1e6,
-                 *interleaved_ms(programs[:2], *args, repeats=repeats),
+                 *interleaved_ms(programs[:3], *args, repeats=repeats),
+                 "band" if accountant._as_band(comp, plan) else
                  "two" if accountant._in_two_programs(comp, plan) else "one",
                  max(uppers) / min(uppers) - 1))
   return rows
@@ -247,10 +256,11 @@ def main():
         f"of {2 * REPEATS}); "
         f"temporaries in MB, measured / the front door's estimate")
   print(f"{'setting':>30s} {'FFT':>9s} {'temps one':>14s} {'temps query':>14s} {'one ms':>8s} "
-        f"{'two ms':>8s}  front door  uppers differ by")
-  for name, fft, single, single_est, query, query_est, one, two, chosen, spread in program_rows():
+        f"{'two ms':>8s} {'band ms':>8s}  front door  uppers differ by")
+  for (name, fft, single, single_est, query, query_est, one, two, band, chosen,
+       spread) in program_rows():
     print(f"{name:>30s} {fft:9,d} {single:6.1f} / {single_est:5.1f} {query:6.1f} / "
-          f"{query_est:5.1f} {one:8.2f} {two:8.2f}  {chosen:>10s}  {spread:.1e}")
+          f"{query_est:5.1f} {one:8.2f} {two:8.2f} {band:8.2f}  {chosen:>10s}  {spread:.1e}")
   if "--programs" in sys.argv[1:]:
     return
   wall, busy, kernels = kernel_profile()

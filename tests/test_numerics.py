@@ -473,6 +473,46 @@ def test_one_setting_runs_as_two_programs_where_one_would_fault_in_its_memory(mo
   assert -np.inf < float(slope) < 0
 
 
+def test_a_large_setting_is_answered_from_its_band_and_in_full_where_that_is_loose(monkeypatch):
+  """On CPU the front door answers one setting whose single program's temporaries pass glibc's
+  32 MiB from its PLD kept as its band (no inverse transform, each delta in O(band)): here a
+  Gaussian mechanism composed 10^4 times, whose epsilon and delta are the mu-GDP curve's (the
+  bracket holds the exact value, the upper within the bracket's width), with the full PLD's
+  bounds to 1e-8 relative. A band answer flagged loose (spectrum above the band not negligible)
+  is answered in full instead."""
+  import math
+  from conftest import gaussian_delta, gaussian_epsilon
+  from jaxacct.pld import accountant
+  steps, sigma = 10_000, 30.0
+  gauss = jaxacct.Composition.of((jaxacct.Gaussian(sigma), steps))
+  mu = math.sqrt(steps) / sigma
+  with jax.enable_x64(True):
+    plan = jaxacct.make_plan(gauss, 1e-5)
+    assert accountant._as_band(gauss, plan) == (jax.default_backend() == "cpu")
+    small = jaxacct.dpsgd_composition(1.0, 0.01, 1_000)
+    assert not accountant._as_band(small, jaxacct.make_plan(small, 1e-5))
+  answers = {}
+  for band in (True, False):
+    monkeypatch.setattr(accountant, "_as_band", lambda c, p, band=band: band)
+    answers[band] = (jaxacct.pld.epsilon(gauss, 1e-5), jaxacct.pld.delta(gauss, 1.0))
+  monkeypatch.undo()
+  (eps, delta), (full_eps, full_delta) = answers[True], answers[False]
+  exact_eps, exact_delta = gaussian_epsilon(1e-5, mu), gaussian_delta(1.0, mu)
+  assert float(eps.lower) <= exact_eps <= float(eps.upper) <= exact_eps + 0.03
+  assert float(delta.lower) <= exact_delta <= float(delta.upper) <= exact_delta * 1.05
+  for got, full in ((eps, full_eps), (delta, full_delta)):
+    assert int(got.status) == int(full.status) == 0
+    for name in ("lower", "estimate", "upper"):
+      assert float(getattr(got, name)) == pytest.approx(float(getattr(full, name)), rel=1e-8)
+  one = accountant.single_program("epsilon")
+  stand_in = jaxacct.Bounds(*(np.float64(0.0),) * 3, np.int32(0))
+  with jax.enable_x64(True):
+    assert one.finish((stand_in, np.bool_(True)), gauss, np.float64(1e-5), plan) is stand_in
+    rerun = one.finish((stand_in, np.bool_(False)), gauss, np.float64(1e-5), plan)
+  assert float(rerun.upper) == float(full_eps.upper) and float(rerun.lower) == float(
+      full_eps.lower)
+
+
 def test_a_worker_thread_runs_float64_on_the_device_it_is_given():
   """``threaded_call`` in a worker thread (where neither the caller's float64 scope nor its
   default device reach): float64 there, and the device it is given is the default one (none

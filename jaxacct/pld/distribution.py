@@ -79,6 +79,12 @@ def compose(composition, plan: Plan) -> PrivacyLossDistribution:
   return PrivacyLossDistribution(plan=plan, **spectrum.compose_fields(composition, plan))
 
 
+def compose_band(composition, plan: Plan) -> PrivacyLossDistribution:
+  """``compose`` kept as its band (``spectrum.compose_band_fields``: queries in O(band), no
+  inverse transform; tight only where ``spectrum.high_band_negligible``, always certified)."""
+  return PrivacyLossDistribution(plan=plan, **spectrum.compose_band_fields(composition, plan))
+
+
 def append(pld: PrivacyLossDistribution, composition) -> PrivacyLossDistribution:
   """``pld`` followed by ``composition`` (pure): spectra multiply, running sums add."""
   previous = {key: getattr(pld, key) for key in ("spectrum", "low_ok") + spectrum.RUNNING_SUMS}
