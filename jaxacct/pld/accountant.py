@@ -211,7 +211,8 @@ def _run(quantity, flat, plan, batch_size, models=None):
                    quantity)
   chunk = _chunk(plan, batch_size)
   if chunk == 1 and not is_traced((flat, plan)) and (
-      plan.fft_size <= _LOOP_MAX_FFT or _in_two_programs(flat[0], plan)):
+      plan.fft_size <= _LOOP_MAX_FFT or _as_band(flat[0], plan)
+      or _in_two_programs(flat[0], plan)):
     return _looped(one, flat, plan)
   return many(*flat, plan, chunk)
 
@@ -221,8 +222,10 @@ def _run(quantity, flat, plan, batch_size, models=None):
 # T 100 to 10^4: the loop 1.10-1.66x faster up to 327,680 points, one tie; 0.86-1.13x beyond,
 # where each call's fresh buffers of tens of MB cost more than the slices save; see also
 # ``benchmarks/bench_pld.py``'s batches of small plans). Larger plans loop too where each
-# setting runs as two programs (``_in_two_programs``: no fresh buffers over 32 MiB; 12-03, 12
-# sigmas at T = 10^4 on a 393,216-point plan, 46.5 against 65.0 ms a setting).
+# setting runs from its band (``_as_band``) or as two programs (``_in_two_programs``): no fresh
+# buffers over 32 MiB. 12-03, 12 sigmas 0.9...1.2 at q 0.01, alternated: from the band 0.50 s,
+# as two programs 0.66 s, mapped 0.92 s at T = 10^4; 1.07 / 1.59 / 1.62 s at T = 2 x 10^4;
+# 5.57 / 9.13 / 9.13 s at T = 10^5.
 _LOOP_MAX_FFT = 327_680
 
 
