@@ -42,7 +42,7 @@ def timed(fn):
   return out, time.perf_counter() - start
 
 
-def bench_jaxacct(repeats=7):
+def bench_jaxacct(repeats=21):
   start = time.perf_counter()
   import jax
   import jaxacct
