@@ -4,7 +4,8 @@ fails on a plan (a wider window, a plan of a setting's own).
 Data flows one way: ``epsilon``/``delta`` check their inputs, answer settings of no steps at once
 (epsilon = delta = 0), plan the rest on the host (``plan.batch_plan``: a batch's settings each
 sized apart where that is cheaper than one grid for all), run the compiled accountant
-(``distribution.compose`` + ``query``) on each block of settings, and, where jaxacct made the
+(``distribution.compose`` + ``query``; a large setting on CPU from the PLD kept as its band,
+``distribution.compose_band``) on each block of settings, and, where jaxacct made the
 plan, rerun what a certificate could not serve on the plan ``plan.widen`` or a setting's own
 plan gives. Under ``jit``/``vmap``/``grad`` the inputs are traced: there is no planning, the
 caller's ``plan`` serves every setting.
@@ -99,15 +100,24 @@ def _in_two_programs(composition, plan) -> bool:
 _compose = fast_jit(scoped_gradients(_compose_pure), exported="pld.compose")
 
 
+# The band's sums' round-off allowance is kept under this share of the lower bound's delta slack
+# eta = delta_error x delta (the plan's window tail level is 1e-2 eta): below delta ~1e-8 at
+# T = 10^4 it would loosen the bounds (by ~1e-5 relative at delta 1e-10), so those run in full.
+_BAND_ROUND_OFF_SHARE = 0.1
+
+
 def _as_band(composition, plan) -> bool:
   """Whether one setting is first answered from its PLD kept as its band (``_band_single``): on
-  CPU, where the plan drops the spectrum above a band and the single program's temporaries pass
+  CPU, where the plan drops the spectrum above a band, the single program's temporaries pass
   ``_FRESH_MAPPING_BYTES`` (large grids, where the inverse transform and the query's O(N) sums
   cost most: 0.40-0.80x the time of the one program or the two, measured 12-03, T 10^4 to
-  10^5; the same bounds to ~1e-9 relative)."""
+  10^5; the same bounds to ~1e-9 relative at delta 1e-5) and the band's sums' round-off is a
+  small share of the delta the plan serves (``spectrum.band_round_off``)."""
   single, _ = _temporaries(composition, plan)
+  slack = 100.0 * float(np.min(np.exp(np.asarray(plan.log_window_tail, np.float64))))
   return (jax.default_backend() == "cpu" and plan.band < plan.fft_size // 2 + 1
-          and single > _FRESH_MAPPING_BYTES)
+          and single > _FRESH_MAPPING_BYTES
+          and spectrum.band_round_off(plan) <= _BAND_ROUND_OFF_SHARE * slack)
 
 
 def _band_single(quantity):
