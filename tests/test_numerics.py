@@ -476,14 +476,16 @@ def test_one_setting_runs_as_two_programs_where_one_would_fault_in_its_memory(mo
 def test_a_large_setting_is_answered_from_its_band_and_in_full_where_that_is_loose(monkeypatch):
   """On CPU the front door answers one setting whose single program's temporaries pass glibc's
   32 MiB from its PLD kept as its band (no inverse transform, each delta in O(band)): here a
-  Gaussian mechanism composed 10^4 times (sigma 20), whose epsilon and delta are the mu-GDP curve's (the
-  bracket holds the exact value, the upper within the bracket's width), with the full PLD's
-  bounds to 1e-8 relative. A band answer flagged loose (spectrum above the band not negligible)
-  is answered in full instead. A batch of such settings runs the band's program once a setting
-  from the host (a loop, not one mapped program: 12 settings at T = 10^4, 0.50 against 0.92 s)."""
+  Gaussian mechanism composed 10^4 times (sigma 20), whose epsilon and delta are the mu-GDP
+  curve's (the bracket holds the exact value, the upper within the bracket's width), with the
+  full PLD's bounds to 1e-8 relative. A band answer flagged loose (spectrum above the band not
+  negligible) is answered in full instead. A batch of such settings runs the band's program once
+  a setting from the host (a loop, not one mapped program: 12 settings at T = 10^4, 0.50 against
+  0.92 s), each queued call answering as one call alone on its plan does."""
   import math
   from conftest import gaussian_delta, gaussian_epsilon
-  from jaxacct.pld import accountant
+  from jaxacct import _batch
+  from jaxacct.pld import accountant, plan as _plan
   steps, sigma = 10_000, 20.0  # (1,310,720 grid points: too many for the two programs' rule)
   gauss = jaxacct.Composition.of((jaxacct.Gaussian(sigma), steps))
   mu = math.sqrt(steps) / sigma
@@ -513,9 +515,17 @@ def test_a_large_setting_is_answered_from_its_band_and_in_full_where_that_is_loo
   batch = jaxacct.pld.epsilon(jaxacct.Composition.of((jaxacct.Gaussian(sigmas), steps)), 1e-5)
   monkeypatch.undo()
   assert looped == ([1] if jax.default_backend() == "cpu" else [])
+  with jax.enable_x64(True):
+    flat = _batch.flatten((jaxacct.Composition.of((jaxacct.Gaussian(sigmas), steps)),
+                           np.full(2, 1e-5)))[0]
+    rows = _plan.batch_plan(flat[0], flat[1])
   for i, s in enumerate(sigmas):
     exact = gaussian_epsilon(1e-5, math.sqrt(steps) / s)
     assert float(batch.lower[i]) <= exact <= float(batch.upper[i]) <= exact + 0.03
+    # (the queued calls answer as one call alone on the row's plan does, bit for bit)
+    alone = jaxacct.pld.epsilon(jaxacct.Composition.of((jaxacct.Gaussian(s), steps)), 1e-5,
+                                plan=_batch.take(rows, i) if np.ndim(rows.grid_step) else rows)
+    assert float(alone.upper) == float(batch.upper[i])
   one = accountant.single_program("epsilon")
   stand_in = jaxacct.Bounds(*(np.float64(0.0),) * 3, np.int32(0))
   with jax.enable_x64(True):
