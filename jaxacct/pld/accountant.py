@@ -110,7 +110,7 @@ def _as_band(composition, plan) -> bool:
   """Whether one setting is first answered from its PLD kept as its band (``_band_single``): on
   CPU, where the plan drops the spectrum above a band, the single program's temporaries pass
   ``_FRESH_MAPPING_BYTES`` (large grids, where the inverse transform and the query's O(N) sums
-  cost most: 0.40-0.80x the time of the one program or the two, measured 12-03, T 10^4 to
+  cost most: 0.39-0.70x the time of the better of the one program and the two, 12-03, T 10^4 to
   10^5; the same bounds to ~1e-9 relative at delta 1e-5) and the band's sums' round-off is a
   small share of the delta the plan serves (``spectrum.band_round_off``)."""
   single, _ = _temporaries(composition, plan)
