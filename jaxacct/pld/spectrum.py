@@ -406,15 +406,26 @@ def band_materialise(acc, plan):
   spectrum, relative_error = spectrum[:k1], relative_error[:k1]
   k = jnp.arange(k1)
   shift = _circular_shift(acc, window, n)  # p_j = circular_{j + shift}
-  weight = jnp.where((k == 0) | (2 * k == n), 1.0, 2.0) / n  # (0 and Nyquist: their own pair)
-  band = weight * spectrum * jnp.conj(_rotation(shift, k, n))
+  band = band_weights(k, n) * spectrum * jnp.conj(_rotation(shift, k, n))
   coefficient_error = jnp.abs(spectrum) * relative_error
   sum_bound = jnp.sum(jnp.abs(band) * window_sum_bound(k, n, h))
   n_high = n // 2 + 1 - k1
   dropped = jnp.exp(acc["high_log"] + 0.5 * math.log(2.0 * n_high)) if n_high else 0.0
   fft_error = (math.sqrt(2.0) * jnp.sqrt(jnp.sum(coefficient_error ** 2)) + dropped
-               + (k1 + 32) * F64_EPS * sum_bound)
+               + _band_sums_round_off(k1, sum_bound))
   return dict(pmf=None, band=band, fft_error=jax.lax.stop_gradient(fft_error), **window)
+
+
+def band_weights(k, n):
+  """Each band coefficient's weight in p_j = Re sum_k band_k z^(jk): 2/n, its conjugate pair
+  folded in; 1/n at k = 0 and Nyquist (their own pair). Host or JAX arrays."""
+  xp = array_namespace(k)
+  return xp.where((k == 0) | (2 * k == n), 1.0, 2.0) / n
+
+
+def _band_sums_round_off(band, sum_bound):
+  """The band sums' round-off allowance: (band + 32) eps sum_k |band_k| U_k."""
+  return (band + 32) * F64_EPS * sum_bound
 
 
 def window_sum_bound(k, n, h):
@@ -436,9 +447,8 @@ def band_round_off(plan):
   (band + 32) eps sum_k |band_k| U_k, from |band_k| <= its weight (|F_k| <= the mass, 1), at
   the plan's finest step. (~5e-13 at T = 10^4: next to delta 1e-10 it loosens the bounds.)"""
   n, k = plan.fft_size, np.arange(plan.band)
-  weight = np.where((k == 0) | (2 * k == n), 1.0, 2.0) / n
   bound = window_sum_bound(k, n, np.min(np.asarray(plan.grid_step, np.float64)))
-  return (plan.band + 32) * F64_EPS * float(np.sum(weight * bound)) * (1.0 + 1e-6)
+  return _band_sums_round_off(plan.band, float(np.sum(band_weights(k, n) * bound))) * (1.0 + 1e-6)
 
 
 def directions(composition):
