@@ -175,8 +175,8 @@ def entry_terms(mech, add, plan, logs=None):
                max_loss=jnp.asarray(mech.max_loss(add), jnp.float64))
   if logs < n // 2 + 1:
     terms["high"] = transform[logs:]
-  if k1 < n // 2 + 1:  # the largest |F_k| above the band
-    terms["largest"] = jnp.max(jnp.abs(jax.lax.stop_gradient(transform[k1:])))
+  if k1 < n // 2 + 1:  # a bound on the exact step's largest |F_k| above the band (+ FFT error)
+    terms["largest"] = jnp.max(jnp.abs(jax.lax.stop_gradient(transform[k1:]))) + fft_abs
   return terms
 
 
