@@ -14,6 +14,7 @@ fixed cost per kernel, whatever its size, is what makes many small kernels expen
 
     python benchmarks/program_kernels.py                      # q 0.01, sigma 1, T 10^4, delta 1e-5
     python benchmarks/program_kernels.py --q 1 --sigma 10 --steps 100 --top 40
+    python benchmarks/program_kernels.py --band    # the program answering from the PLD's band
 """
 
 import argparse
@@ -33,7 +34,7 @@ import numpy as np  # noqa: E402
 
 import jaxacct  # noqa: E402
 from jaxacct._numerics import scoped_gradients  # noqa: E402
-from jaxacct.pld.accountant import _epsilon_single  # noqa: E402
+from jaxacct.pld.accountant import _band_single, _epsilon_single  # noqa: E402
 
 
 def _table(text, name):
@@ -133,13 +134,16 @@ def main(argv=None):
   parser.add_argument("--steps", type=int, default=10_000)
   parser.add_argument("--delta", type=float, default=1e-5)
   parser.add_argument("--top", type=int, default=25)
+  parser.add_argument("--band", action="store_true",
+                      help="the program that answers from the PLD kept as its band")
   args = parser.parse_args(argv)
   with jax.enable_x64(True):
     plan = jaxacct.dpsgd_plan(args.sigma, args.q, args.steps, args.delta)
     comp = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float64),
                                   jaxacct.dpsgd_composition(args.sigma, args.q, args.steps))
     delta = jnp.asarray(args.delta, jnp.float64)
-    program = jax.jit(scoped_gradients(_epsilon_single))  # (one program, whatever the size)
+    single = _band_single("epsilon") if args.band else _epsilon_single
+    program = jax.jit(scoped_gradients(single))  # (one program, whatever the size)
     start = time.perf_counter()
     lowered = program.trace(comp, delta, plan).lower()
     traced = time.perf_counter() - start
@@ -153,7 +157,8 @@ def main(argv=None):
     phases, emitters, emitted = compile_phases(lowered)
   sizes = collections.Counter("<= 16" if n <= 16 else "<= 1,024" if n <= 1024 else
                               "<= 100,000" if n <= 100_000 else "> 100,000" for n, _ in found)
-  print(f"setting q={args.q:g} sigma={args.sigma:g} T={args.steps} delta={args.delta:g}; "
+  print(f"{'band' if args.band else 'one'} program, "
+        f"setting q={args.q:g} sigma={args.sigma:g} T={args.steps} delta={args.delta:g}; "
         f"plan sizes {plan.sizes}; jax {jax.__version__}, {os.cpu_count()} CPUs")
   print(f"trace + lower {traced:.2f} s, XLA compile {compiled:.2f} s: {len(found)} kernels, "
         f"{1e3 * compiled / max(len(found), 1):.1f} ms each")
