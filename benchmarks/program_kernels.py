@@ -4,8 +4,9 @@ XLA's CPU backend compiles every kernel (a fusion, or an op left alone) as its o
 ~10-20 ms each on one core even when it works on a single value, so a program's first call
 costs about its kernel count: the figure that the compile-time work of issue 32 has to bring
 down. This script compiles the front door's single-setting program as one program (as
-``jaxacct.pld.accountant.single_program`` runs it below T = 9,000 at the defaults) for one
-DP-SGD setting, then again with XLA's dump on, and prints the compile time, the kernels (the
+``jaxacct.pld.accountant.single_program`` runs smaller settings; with ``--band`` the program
+that answers larger ones from the PLD kept as its band, as it runs the default setting on CPU)
+for one DP-SGD setting, then again with XLA's dump on, and prints the compile time, the kernels (the
 dump's object files) by the size of their output (a tiny one is scalar bookkeeping) and by the
 innermost jaxacct function that made them (from the HLO's stack frames). Then, compiled once
 more under JAX's profiler, where XLA's compile time goes: its phases (HLO passes, emitting the
