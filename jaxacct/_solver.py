@@ -15,6 +15,9 @@
   the exact residual).
 
 Residuals are *decreasing* in the unknown (f(lo) >= 0 >= f(hi)); negate an increasing one.
+A traced search reads its function through ``jax.jit``: the loop body, the shape pass and the
+implicit root's residual then share one trace of it (JAX caches a jitted function's trace by
+argument shapes) instead of each tracing a whole accountant again.
 """
 
 from __future__ import annotations
@@ -187,6 +190,7 @@ def bracket_search(evaluate, x0, *, step, lower, upper, iters=60, tol=0.0, whole
       new = update(c, np.asarray(fx), aux)
       c = jax.tree_util.tree_map(lambda n, o, going=going: _where(np, going, n, o), new, c)
   else:
+    evaluate = jax.jit(evaluate)  # traced once: the shapes' pass and the loop body share it
     aux0 = zeros(jax.eval_shape(lambda x: evaluate(x)[1], x0))
     c = jax.lax.while_loop(lambda c: (c["i"] < iters) & ~c["stop"],
                            lambda c: update(c, *evaluate(c["x"])), start(aux0))
@@ -318,6 +322,9 @@ def root_in_bracket(residual, lo, hi, iters, which=0, tol=0.0, start=None, coars
   Returns (root, the slope the search last read; no gradient).
   """
 
+  # Traced once: the implicit root's residual, the search's jvp and the polish read one trace.
+  residual = jax.jit(residual)
+  coarse = None if coarse is None else jax.jit(coarse)
   # Forward mode: one tangent for a scalar function is cheaper than a reverse pass.
   slope_of = lambda fn: (lambda x: jax.jvp(fn, (x,), (jnp.ones_like(x),)))
 

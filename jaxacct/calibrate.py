@@ -235,6 +235,7 @@ def _core(unknown, accountant, target_kind, relation, full_batch, field, step, m
     value = jnp.where(jnp.isnan(value), jnp.inf, value)  # no bound is never below the target
     return sign * (jnp.log(value) - aim), bounds
 
+  evaluate = jax.jit(evaluate)  # traced once for the search and the implicit root's residual
   lo, hi = DOMAIN[unknown] if bounds is None else bounds
   start = jax.lax.stop_gradient(start)
 
@@ -264,7 +265,10 @@ def _start(unknown, target_kind, relation, full_batch, target, other, sigma, q, 
   accountant's estimate calibrated the same way (constant time; usually within 1e-3), from the
   central-limit guess; that guess itself where the saddle point finds nothing, or nothing it
   estimates (``_NO_ESTIMATE`` at its value, or beyond ``_START_RATIO`` of the guess: at delta
-  1e-12 and sigma 0.78 its rate was 6.9e-8 for an answer of 1e-4, the guess 7.5e-4)."""
+  1e-12 and sigma 0.78 its rate was 6.9e-8 for an answer of 1e-4, the guess 7.5e-4). No
+  gradient flows: the inputs are constants to it, so a caller's grad does not linearise its
+  searches only to discard their tangents."""
+  target, other, sigma, q, steps = jax.lax.stop_gradient((target, other, sigma, q, steps))
   clt = _guess(unknown, target, other, sigma, q, steps, relation, target_kind)
   value, (found, at, _, _, _) = _core(unknown, "spa", target_kind, relation, full_batch, "estimate",
                                    0.25, 0.0, target, other, sigma, q, steps, clt, None)
