@@ -276,7 +276,7 @@ def _start(unknown, target_kind, relation, full_batch, target, other, sigma, q, 
   near = jnp.abs(jnp.log(value / clt)) <= jnp.log(_START_RATIO)
   good = (found & jnp.isfinite(value) & (value >= lo) & (value <= hi) & near
           & (at.status & _NO_ESTIMATE == 0))
-  return jax.lax.stop_gradient(jnp.where(good, value, clt)), jax.lax.stop_gradient(clt)
+  return jnp.where(good, value, clt), clt
 
 
 def _runner(unknown, accountant, target_kind, relation, full_batch, given_start):
