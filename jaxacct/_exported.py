@@ -40,11 +40,27 @@ def _leaf(value):
   return value if isinstance(value, jax.Array) else np.asarray(value)
 
 
+@functools.cache
+def source_digest() -> str:
+  """A digest of this package's source files: a saved export is read back only by the code
+  that made it (an install from a later commit keeps the version number, not the programs)."""
+  root = os.path.dirname(os.path.abspath(__file__))
+  digest = hashlib.sha256()
+  for folder, folders, files in os.walk(root):
+    folders.sort()
+    for name in sorted(f for f in files if f.endswith(".py")):
+      path = os.path.join(folder, name)
+      digest.update(os.path.relpath(path, root).encode())
+      with open(path, "rb") as file:
+        digest.update(file.read())
+  return digest.hexdigest()
+
+
 def _key(name, in_tree, leaves):
   """The saved export's name: the function, the argument structure, shapes and dtypes, the
-  platform and the versions that made it."""
-  text = repr((name, __version__, jax.__version__, jax.default_backend(), str(in_tree),
-               [(np.shape(leaf), str(leaf.dtype)) for leaf in leaves]))
+  platform, the versions and the source that made it."""
+  text = repr((name, __version__, source_digest(), jax.__version__, jax.default_backend(),
+               str(in_tree), [(np.shape(leaf), str(leaf.dtype)) for leaf in leaves]))
   return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 

@@ -129,6 +129,25 @@ def test_a_later_process_reads_the_saved_exports_and_answers_the_same(tmp_path):
   assert eval(first[0]) == [float(bounds.lower), float(bounds.upper), float(sigma)]
 
 
+def test_a_saved_export_is_read_only_by_the_source_that_made_it(tmp_path, monkeypatch):
+  """Saved exports are named by a digest of the package's source as well as its version: an
+  install from a later commit (the same version number) computes with its own code, never with
+  programs an earlier one saved."""
+  from jaxacct import _exported
+  package = pathlib.Path(_exported.__file__).parent
+  digest = lambda root: (monkeypatch.setattr(_exported, "__file__", str(root / "_exported.py")),
+                         _exported.source_digest.__wrapped__())[1]
+  copy = shutil.copytree(package, tmp_path / "jaxacct", ignore=shutil.ignore_patterns("*.pyc"))
+  assert digest(copy) == digest(package)
+  target = copy / "pld" / "query.py"
+  target.write_text(target.read_text() + "\n# a later commit\n")
+  assert digest(copy) != digest(package)
+  key = lambda: _exported._key("pld.epsilon", "tree", [np.zeros(3)])
+  this_source = key()
+  monkeypatch.setattr(_exported, "source_digest", lambda: "another source")
+  assert key() != this_source
+
+
 def test_the_command_ends_its_process_after_writing_everything(tmp_path):
   """``python -m jaxacct.cli`` (the console script's ``run``) ends the process without the
   interpreter's teardown: its whole answer is printed, the compilation cache written and the
