@@ -84,6 +84,39 @@ def sigmoid(x):
   return jax.nn.sigmoid(x)
 
 
+# Taylor coefficients of sin r / r and cos r in r^2 (to r^16 and r^18): on |r| <= pi/4 the first
+# dropped terms are below 1e-19 relative.
+_SIN_TAYLOR = np.array([(-1.0) ** i / math.factorial(2 * i + 1) for i in range(9)])
+_COS_TAYLOR = np.array([(-1.0) ** i / math.factorial(2 * i) for i in range(10)])
+
+
+def _horner(coefficients, x):
+  out = jnp.full_like(x, coefficients[-1])
+  for c in coefficients[-2::-1]:
+    out = out * x + c
+  return out
+
+
+def sin_cos_pi_fraction(j, n):
+  """(sin(pi j / n), cos(pi j / n)) for integer-valued float64 ``j`` (|j| < 2^52) and integer n,
+  each within a few ulps of its own size (near a zero too). The angle is reduced exactly, in
+  whole multiples of n/2 (a quarter turn), then a polynomial of |r| <= pi/4 runs: elementwise
+  arithmetic that XLA:CPU vectorises, ~7x faster than its f64 ``sin`` (a libm call a value),
+  whose reduction of a rounded angle also errs by ~|angle| eps absolute."""
+  half = 0.5 * n
+  quarter = jnp.round(j / half)            # the multiple of pi/2 nearest the angle
+  rest = j - quarter * half                # exact: |rest| <= n/4 (+ round-off of the quotient)
+  r = rest * (math.pi / n)
+  r2 = r * r
+  sin_r, cos_r = r * _horner(_SIN_TAYLOR, r2), _horner(_COS_TAYLOR, r2)
+  turn = jnp.remainder(quarter, 4.0)       # pi j/n = r + turn pi/2 (mod 2 pi)
+  sin = jnp.where(turn == 0.0, sin_r, jnp.where(turn == 1.0, cos_r,
+                                                jnp.where(turn == 2.0, -sin_r, -cos_r)))
+  cos = jnp.where(turn == 0.0, cos_r, jnp.where(turn == 1.0, -sin_r,
+                                                jnp.where(turn == 2.0, -cos_r, sin_r)))
+  return sin, cos
+
+
 def float64(fn):
   """Runs ``fn`` with float64 enabled for its own computation only (scoped, not process-wide)."""
 

@@ -100,10 +100,11 @@ def discretise(model, add, plan) -> Step:
   tail = p_cdf[0] + jnp.maximum(p_sf[-1] - p_inf, 0.0)
   moved = jnp.sum(jnp.minimum(2.0 * guard, p_cell))
   # Bias of the split against the cell's exponential mean l* = -log(Q/P) (Jensen: l* <= E[L|cell],
-  # within ~h^2/24): with u = b - l*, E[D | cell] - l* = u - h expm1(u)/expm1(h) >= 0.
+  # within ~h^2/24): with u = b - l*, E[D | cell] - l* = u - h expm1(u)/expm1(h) >= 0, where
+  # expm1(u) = to_lower expm1(h) / p_cell: times the cell's mass, p_cell u - h to_lower.
   has_mass = p_cell > 1e-120  # (below, p^2 underflows in the derivative of x/p; no bias there)
   u = jnp.log1p(to_lower_safe * denom / jnp.where(has_mass, p_cell, 1.0))
-  bias = jnp.sum(jnp.where(has_mass, p_cell * (u - h * jnp.expm1(u) / denom), 0.0))
+  bias = jnp.sum(jnp.where(has_mass, p_cell * u - h * to_lower_safe, 0.0))
   return Step(pmf, start, log_finite, jax.lax.stop_gradient(tail), jax.lax.stop_gradient(moved),
                bias)
 

@@ -23,7 +23,7 @@ import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
 from jaxacct import results
-from jaxacct._numerics import F64_EPS, array_namespace
+from jaxacct._numerics import F64_EPS, array_namespace, sin_cos_pi_fraction
 from jaxacct.pld.discretise import TILTS, discretise, step_cgf, window_edges
 
 # Constant in the FFT round-off bound ||err||_2 <= c eps (ops) ||f||_2.
@@ -60,11 +60,12 @@ def low_log_spectrum(pmf, n, k0, block):
   where F_k is close to 1 (the low frequencies, which carry the composed distribution) that error
   becomes a relative error ~T eps / (1 - |F_k|) of the composed spectrum: enough to move delta by
   1e-5 relative at T = 1e5. Here A_k = S - F'_k is accumulated from terms that are each accurate
-  relative to their own size (1 - e^{-ix} as 2 sin^2(x/2) + i sin x), so log F'_k = log S +
-  log1p(-A_k/S) has a relative error ~eps and T log F'_k stays accurate. Positions are grouped in
-  blocks of ``block`` points, inside which e^{-i theta r} is expanded to order 8 (theta block <=
-  0.05), so the cost is (M / block) * k0 rather than M * k0, done in chunks of frequencies so
-  that memory stays within a few arrays of the FFT's length.
+  relative to their own size (1 - e^{-ix} as 2 sin^2(x/2) + 2i sin(x/2) cos(x/2), x/2 reduced
+  exactly: ``sin_cos_pi_fraction``), so log F'_k = log S + log1p(-A_k/S) has a relative error
+  ~eps and T log F'_k stays accurate. Positions are grouped in blocks of ``block`` points,
+  inside which e^{-i theta r} is expanded to order 8 (theta block <= 0.05), so the cost is
+  (M / block) * k0 rather than M * k0, done in chunks of frequencies so that memory stays within
+  a few arrays of the FFT's length.
   """
   m = pmf.shape[0]
   blocks = -(-m // block)
@@ -78,15 +79,17 @@ def low_log_spectrum(pmf, n, k0, block):
   index = jnp.arange(m, dtype=jnp.float64)
   centre = jax.lax.stop_gradient(jnp.round(jnp.sum(pmf * index) / total))
   offsets = jnp.arange(blocks, dtype=jnp.float64) * block - centre   # block start - centre
-  theta = (2.0 * math.pi / n) * jnp.arange(k0, dtype=jnp.float64)     # [k0]
+  frequencies = jnp.arange(k0, dtype=jnp.float64)                    # [k0] k
   # Real and imaginary parts of (-i)^p for p = 1..8 (the rows of one matrix product).
   signs = np.stack([np.where(p[1:] % 2 == 0, (-1.0) ** (p[1:] // 2), 0.0),
                     np.where(p[1:] % 2 == 1, -((-1.0) ** (p[1:] // 2)), 0.0)])   # [2, P-1]
 
-  def log_spectrum(freqs):  # [c] angular frequencies -> (log F'_k, |z_k|)
-    x = freqs[:, None] * offsets[None, :]                        # [c, blocks]
-    half = jnp.sin(0.5 * x)
-    one_minus_re, one_minus_im = 2.0 * half * half, jnp.sin(x)   # 1 - e^{-ix}
+  def log_spectrum(k):  # [c] frequencies -> (log F'_k, |z_k|)
+    freqs = (2.0 * math.pi / n) * k                              # angular frequencies
+    # x = 2 pi k offset / n, from the exact integer k offset (x/2 reduced exactly)
+    half_sin, half_cos = sin_cos_pi_fraction(k[:, None] * offsets[None, :], n)  # [c, blocks]
+    one_minus_re = 2.0 * half_sin * half_sin                     # 1 - e^{-ix}, each part
+    one_minus_im = 2.0 * half_sin * half_cos                     # accurate to its own size
     cos_x, sin_x = 1.0 - one_minus_re, one_minus_im              # e^{-ix} = cos x - i sin x
     # sum_{p>=1} (-i theta)^p moment_p: real parts from even p, imaginary from odd p.
     coef = freqs[:, None, None] ** p[1:] * signs                 # [c, 2, P-1]
@@ -108,11 +111,11 @@ def low_log_spectrum(pmf, n, k0, block):
   # sweep (finest grid of one setting, widest window of another) can have k0 x blocks >> n.
   chunk = max(1, n // blocks)
   if k0 <= chunk:
-    log_f, deviation = log_spectrum(theta)
+    log_f, deviation = log_spectrum(frequencies)
   else:
     chunks = -(-k0 // chunk)
-    padded_theta = jnp.concatenate([theta, jnp.zeros(chunks * chunk - k0)])
-    log_f, deviation = jax.lax.map(log_spectrum, padded_theta.reshape(chunks, chunk))
+    padded = jnp.concatenate([frequencies, jnp.zeros(chunks * chunk - k0)])
+    log_f, deviation = jax.lax.map(log_spectrum, padded.reshape(chunks, chunk))
     log_f, deviation = log_f.reshape(-1)[:k0], deviation.reshape(-1)[:k0]
   return log_f, centre.astype(jnp.int64), deviation
 
