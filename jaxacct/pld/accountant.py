@@ -289,8 +289,9 @@ def _answer(quantity, composition, x, plan, planner, size_cache, batch_size):
   if plan is None and is_traced((composition, x)):
     raise ValueError("under jit/vmap/grad the inputs are traced and cannot be used to plan the "
                      "grid: pass plan=jaxacct.make_plan(...) (or dpsgd_plan) for the worst case")
-  models = None
-  if not is_traced(composition) and _shares_models(composition):
+  models = None  # (one setting has nothing to share: it is planned and run on its own)
+  if (not is_traced(composition) and _shares_models(composition)
+      and np.prod(_batch.batch_shape((composition, x))) > 1):
     models = jax.tree_util.tree_map(lambda a: jax.device_put(np.asarray(a, np.float64)),
                                     composition.mechanisms)  # (converted on the host)
   if plan is not None:

@@ -399,15 +399,16 @@ def batch_plan(composition, delta, eps_error=0.01, delta_error=1e-3, size_cache=
   with jax.enable_x64(True):
     needs = _needs(composition, delta, eps_error, delta_error)
     builds = (_shared_plan, _stacked_plan) if needs.h.size > 1 else (_shared_plan,)
-    points, refused = {}, None
+    plans, refused = {}, None
     for build in builds:  # (sized without the cache: it must not keep the plan not chosen)
       try:
-        points[build] = plan_points(build(needs, eps_error, delta_error, None))
+        plans[build] = build(needs, eps_error, delta_error, None)
       except ValueError as error:  # (one grid may span too much where each setting's does not)
         refused = error
-    if not points:
+    if not plans:
       raise refused
-    return min(points, key=points.get)(needs, eps_error, delta_error, size_cache)
+    best = min(plans, key=lambda build: plan_points(plans[build]))
+    return plans[best] if size_cache is None else best(needs, eps_error, delta_error, size_cache)
 
 
 def _low_band(fft: int, sd_bins: float) -> int:
