@@ -110,7 +110,7 @@ def reshaped(out, shape):
   if is_traced(out):
     return jax.tree_util.tree_map(lambda a: a.reshape(shape + a.shape[1:]), out)
   if all(isinstance(a, np.ndarray) for a in jax.tree_util.tree_leaves(out)):
-    return jax.tree_util.tree_map(lambda a: jax.device_put(a.reshape(shape + a.shape[1:])), out)
+    return jax.device_put(jax.tree_util.tree_map(lambda a: a.reshape(shape + a.shape[1:]), out))
   return _reshape_all(out, shape)
 
 

@@ -141,27 +141,30 @@ def _entry_stats(mech, flags, log_tail):
   width = np.zeros(settings)
   cgf = np.zeros((len(flags), settings, 2, len(TILTS)))
   variance = np.zeros((len(flags), settings))
-  for first in range(0, settings, _PLAN_CHUNK):
-    block = _batch.select(flat, np.arange(first, min(first + _PLAN_CHUNK, settings)))
-    rows = slice(first, first + _PLAN_CHUNK)
+  directions = len(flags)
+  chunk = max(1, _PLAN_CHUNK // directions)
+  for first in range(0, settings, chunk):
+    rows = slice(first, first + chunk)
     size = len(range(settings)[rows])
-    for d, add in enumerate(flags):
-      add = np.full(size, add)
-      lo, hi = np.split(_per_setting(block, "loss_range", (np.full(size, log_tail), add)), 2,
-                        axis=1)
-      lo = np.clip(lo, -LOSS_BIG / 2, LOSS_BIG / 2)
-      hi = np.clip(hi, lo + 1e-12, LOSS_BIG / 2)
-      width[rows] = np.maximum(width[rows], (hi - lo)[:, 0])
-      h = np.maximum((hi - lo) / (_PLAN_POINTS - 8), 1e-9)
-      start = np.floor(lo / h) - 1.0
-      t = (start + np.arange(_PLAN_POINTS)) * h
-      cdf_sf = np.moveaxis(_per_setting(block, "cdf_sf", (np.minimum(t, np.ceil(hi / h) * h),
-                                                           add)), 1, 0)
-      pmf = split(cdf_sf, t, h, guard_ulps=0.0)[0]
-      cgf[d, rows] = grid_cgf(pmf, start[:, 0], h[:, 0])
-      weights = pmf / np.sum(pmf, axis=1, keepdims=True)
-      mean = np.sum(weights * t, axis=1, keepdims=True)
-      variance[d, rows] = np.sum(weights * (t - mean) ** 2, axis=1)
+    # every direction of the block's settings as one batch of rows (direction-major): a model
+    # that broadcasts is evaluated once for all of them
+    both = _batch.select(flat, np.tile(np.arange(first, first + size), directions))
+    add = np.repeat(np.asarray(flags, np.float64), size)
+    lo, hi = np.split(_per_setting(both, "loss_range", (np.full(add.size, log_tail), add)), 2,
+                      axis=1)
+    lo = np.clip(lo, -LOSS_BIG / 2, LOSS_BIG / 2)
+    hi = np.clip(hi, lo + 1e-12, LOSS_BIG / 2)
+    width[rows] = np.max((hi - lo)[:, 0].reshape(directions, size), axis=0)
+    h = np.maximum((hi - lo) / (_PLAN_POINTS - 8), 1e-9)
+    start = np.floor(lo / h) - 1.0
+    t = (start + np.arange(_PLAN_POINTS)) * h
+    cdf_sf = np.moveaxis(_per_setting(both, "cdf_sf", (np.minimum(t, np.ceil(hi / h) * h), add)),
+                         1, 0)
+    pmf = split(cdf_sf, t, h, guard_ulps=0.0)[0]
+    cgf[:, rows] = grid_cgf(pmf, start[:, 0], h[:, 0]).reshape(directions, size, 2, len(TILTS))
+    weights = pmf / np.sum(pmf, axis=1, keepdims=True)
+    mean = np.sum(weights * t, axis=1, keepdims=True)
+    variance[:, rows] = np.sum(weights * (t - mean) ** 2, axis=1).reshape(directions, size)
   unflat = lambda a, lead=0: a.reshape(a.shape[:lead] + shape + a.shape[lead + 1:])
   return unflat(width), unflat(cgf, 1), unflat(variance, 1)
 
