@@ -29,9 +29,15 @@ that run time goes, warm, in one process:
    faults in every page of it (4 KiB at a time, or 2 MiB with transparent huge pages, which
    that tunable asks for).
 
+4. The kernel timeline (``--timeline`` runs this part alone): the front door's single-setting
+   program at T = 10^3 (one program) and T = 10^4 (from the PLD's band) in one warm call under
+   JAX's profiler: each kernel of at least 0.15 ms with its start, length and thread, in the
+   order they ran. What lies on one chain (one kernel waiting for the last) sets the wall time;
+   kernels on the second thread at the same time are free.
+
 Run (``pip install -e ".[bench]"``; the profiler needs nothing more)::
 
-    python benchmarks/profile_runtime.py [--programs | --allocator]
+    python benchmarks/profile_runtime.py [--programs | --allocator | --timeline]
     XLA_FLAGS=--xla_cpu_enable_concurrency_optimized_scheduler=false python benchmarks/profile_runtime.py
 """
 
@@ -144,27 +150,62 @@ def program_rows():
   return rows
 
 
-def kernel_profile(steps=10_000, calls=5, top=12):
-  """(wall ms, summed kernel ms, [(kernel ms, name)]) of one warm call, from a profiler trace."""
-  comp = dpsgd_composition(SIGMA, Q, steps)
-  plan = make_plan(comp, DELTA)
-  warm_ms(_single, comp, DELTA, plan, repeats=2)
+def _kernel_events(fn, args, calls):
+  """XLA's kernel spans ({name, ts, dur, tid}, microseconds) of ``calls`` warm calls of
+  ``fn(*args)`` under JAX's profiler (not the executor's, the runtime's or Python's spans), and
+  the mean wall time of a call in milliseconds."""
   with tempfile.TemporaryDirectory() as folder:
     start = time.perf_counter()
     with jax.profiler.trace(folder, create_perfetto_trace=True):
       for _ in range(calls):
-        jax.block_until_ready(_single(comp, DELTA, plan))
+        jax.block_until_ready(fn(*args))
       wall = (time.perf_counter() - start) / calls
     path = glob.glob(os.path.join(folder, "**", "*perfetto_trace.json.gz"), recursive=True)[0]
     with gzip.open(path) as file:
       events = json.load(file)
   events = events["traceEvents"] if isinstance(events, dict) else events
+  skip = ("Thunk", "$", "PjitFunction", "Common")
+  return [e for e in events if e.get("ph") == "X" and not e.get("name", "").startswith(skip)
+          ], 1e3 * wall
+
+
+def kernel_profile(steps=10_000, calls=5, top=12):
+  """(wall ms, summed kernel ms, [(kernel ms, name)]) of one warm call, from a profiler trace."""
+  comp = dpsgd_composition(SIGMA, Q, steps)
+  plan = make_plan(comp, DELTA)
+  warm_ms(_single, comp, DELTA, plan, repeats=2)
+  events, wall = _kernel_events(_single, (comp, DELTA, plan), calls)
   busy = collections.Counter()
-  for event in events:  # (XLA's kernels; not the executor's, the runtime's or Python's spans)
-    name = event.get("name", "")
-    if event.get("ph") == "X" and not name.startswith(("Thunk", "$", "PjitFunction", "Common")):
-      busy[name] += event.get("dur", 0.0) / 1e3 / calls
-  return 1e3 * wall, sum(busy.values()), [(ms, name) for name, ms in busy.most_common(top)]
+  for event in events:
+    busy[event["name"]] += event.get("dur", 0.0) / 1e3 / calls
+  return wall, sum(busy.values()), [(ms, name) for name, ms in busy.most_common(top)]
+
+
+def kernel_timeline(steps, least_ms=0.15):
+  """The front door's single-setting program (``single_program``'s route for this setting) in
+  one warm call: [(start ms, kernel ms, thread, name)] of its kernels of at least ``least_ms``,
+  in the order they ran, and the call's span in ms (first kernel's start to last one's end)."""
+  comp = dpsgd_composition(SIGMA, Q, steps)
+  plan = make_plan(comp, DELTA)
+  fn = _banded if accountant._as_band(comp, plan) else _single
+  warm_ms(fn, comp, DELTA, plan, repeats=2)
+  events, _ = _kernel_events(fn, (comp, DELTA, plan), 1)
+  first = min(e["ts"] for e in events)
+  span = max(e["ts"] + e["dur"] for e in events) - first
+  threads = {tid: i for i, tid in enumerate(sorted({e["tid"] for e in events}))}
+  rows = [((e["ts"] - first) / 1e3, e["dur"] / 1e3, threads[e["tid"]], e["name"])
+          for e in sorted(events, key=lambda e: e["ts"]) if e["dur"] >= 1e3 * least_ms]
+  return rows, span / 1e3
+
+
+def print_timeline():
+  for steps in (1_000, 10_000):
+    rows, span = kernel_timeline(steps)
+    print(f"\n4. T = {steps:,}: the single-setting program's kernels of >= 0.15 ms in one warm "
+          f"call (its kernels span {span:.2f} ms)")
+    print(f"{'start ms':>9s} {'ms':>6s} {'thread':>6s}  kernel")
+    for start, ms, thread, name in rows:
+      print(f"{start:9.2f} {ms:6.2f} {thread:6d}  {name}")
 
 
 def calibration_stages(targets=np.linspace(1.0, 4.0, 100), steps=1_000, repeats=3):
@@ -249,6 +290,9 @@ def print_allocator():
 def main():
   if "--allocator" in sys.argv[1:]:
     print_allocator()
+    return
+  if "--timeline" in sys.argv[1:]:
+    print_timeline()
     return
   print(f"machine: {platform.machine()}, {os.cpu_count()} cores, jax {jax.__version__}, "
         f"load {os.getloadavg()[0]:.2f}, XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
