@@ -19,7 +19,7 @@ that run time goes, warm, in one process:
    T = 1,000): the time of each stage its progress reports (start and plans, the certified
    search, the front door's check) and how many certified values each setting's search read.
 
-(``--programs`` runs part 1's table alone.)
+(``--programs`` runs part 1's table alone, ``--targets`` part 2 alone.)
 
 3. The allocator (``--allocator`` runs this part alone): the front door's single-setting
    accountant (one program, or two at T = 10^4) at T = 10^3, 10^4, 10^5, warm, in fresh
@@ -37,7 +37,7 @@ that run time goes, warm, in one process:
 
 Run (``pip install -e ".[bench]"``; the profiler needs nothing more)::
 
-    python benchmarks/profile_runtime.py [--programs | --allocator | --timeline]
+    python benchmarks/profile_runtime.py [--programs | --targets | --allocator | --timeline]
     XLA_FLAGS=--xla_cpu_enable_concurrency_optimized_scheduler=false python benchmarks/profile_runtime.py
 """
 
@@ -287,12 +287,25 @@ def print_allocator():
     print(f"{steps:8,d} {ms:11.2f} {faults:8.0f} {ms_t:29.2f} {faults_t:8.0f}  {upper == upper_t}")
 
 
+def print_targets():
+  stages, total, reads = calibration_stages()
+  print(f"\n2. 100 targets (epsilon 1...4) in one calibration call, warm: {total:.2f} s")
+  for line, seconds in stages:
+    print(f"  {seconds:6.2f} s  {line}")
+  print("  settings by certified values read: "
+        + ", ".join(f"{n} reads: {c}" for n, c in enumerate(reads) if c)
+        + f" ({int(np.dot(np.arange(reads.size), reads))} in all)")
+
+
 def main():
   if "--allocator" in sys.argv[1:]:
     print_allocator()
     return
   if "--timeline" in sys.argv[1:]:
     print_timeline()
+    return
+  if "--targets" in sys.argv[1:]:
+    print_targets()
     return
   print(f"machine: {platform.machine()}, {os.cpu_count()} cores, jax {jax.__version__}, "
         f"load {os.getloadavg()[0]:.2f}, XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
@@ -312,13 +325,7 @@ def main():
         f"{busy:.2f} ms (x{busy / wall:.2f} of the wall)")
   for ms, name in kernels:
     print(f"  {ms:7.2f} ms  {name}")
-  stages, total, reads = calibration_stages()
-  print(f"\n2. 100 targets (epsilon 1...4) in one calibration call, warm: {total:.2f} s")
-  for line, seconds in stages:
-    print(f"  {seconds:6.2f} s  {line}")
-  print("  settings by certified values read: "
-        + ", ".join(f"{n} reads: {c}" for n, c in enumerate(reads) if c)
-        + f" ({int(np.dot(np.arange(reads.size), reads))} in all)")
+  print_targets()
   print_allocator()
 
 
