@@ -101,7 +101,7 @@ def sin_cos_pi_fraction(j, n):
   """(sin(pi j / n), cos(pi j / n)) for integer-valued float64 ``j`` (|j| < 2^52) and integer n,
   each within a few ulps of its own size (near a zero too). The angle is reduced exactly, in
   whole multiples of n/2 (a quarter turn), then a polynomial of |r| <= pi/4 runs: elementwise
-  arithmetic that XLA:CPU vectorises, ~7x faster than its f64 ``sin`` (a libm call a value),
+  arithmetic that XLA:CPU vectorises, ~6x faster than two of its f64 ``sin`` (libm calls),
   whose reduction of a rounded angle also errs by ~|angle| eps absolute."""
   half = 0.5 * n
   quarter = jnp.round(j / half)            # the multiple of pi/2 nearest the angle

@@ -114,8 +114,8 @@ def low_log_spectrum(pmf, n, k0, block):
     log_f, deviation = log_spectrum(frequencies)
   else:
     chunks = -(-k0 // chunk)
-    padded = jnp.concatenate([frequencies, jnp.zeros(chunks * chunk - k0)])
-    log_f, deviation = jax.lax.map(log_spectrum, padded.reshape(chunks, chunk))
+    in_chunks = jnp.concatenate([frequencies, jnp.zeros(chunks * chunk - k0)])
+    log_f, deviation = jax.lax.map(log_spectrum, in_chunks.reshape(chunks, chunk))
     log_f, deviation = log_f.reshape(-1)[:k0], deviation.reshape(-1)[:k0]
   return log_f, centre.astype(jnp.int64), deviation
 
