@@ -182,8 +182,8 @@ def kernel_profile(steps=10_000, calls=5, top=12):
 
 
 def kernel_timeline(steps, least_ms=0.15):
-  """The front door's single-setting program (``single_program``'s route for this setting) in
-  one warm call: [(start ms, kernel ms, thread, name)] of its kernels of at least ``least_ms``,
+  """The single-setting program in one warm call (from the PLD's band where the front door
+  answers from it, else as one program; the two-program route is not traced here): [(start ms, kernel ms, thread, name)] of its kernels of at least ``least_ms``,
   in the order they ran, and the call's span in ms (first kernel's start to last one's end)."""
   comp = dpsgd_composition(SIGMA, Q, steps)
   plan = make_plan(comp, DELTA)
