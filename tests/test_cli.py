@@ -168,6 +168,26 @@ def test_the_command_ends_its_process_after_writing_everything(tmp_path):
   assert refused.returncode == 2 and not refused.stdout and "delta" in refused.stderr
 
 
+def test_the_command_compiles_quickly_unless_the_user_chose(monkeypatch):
+  """The console script's process compiles with XLA's elemental emitters (``run`` sets the flag
+  before ``main`` starts JAX; ``demo``, which trains, keeps XLA's defaults); the user's other
+  flags stay, and a choice of emitters the user made is kept."""
+  quick = jaxacct.cli.quick_compile_flags
+  assert quick("") == "--xla_cpu_use_fusion_emitters=false"
+  assert quick("--xla_force_host_platform_device_count=4").split() == [
+      "--xla_force_host_platform_device_count=4", "--xla_cpu_use_fusion_emitters=false"]
+  assert quick("--xla_cpu_use_fusion_emitters=true") == "--xla_cpu_use_fusion_emitters=true"
+  seen = []
+  monkeypatch.setattr(jaxacct.cli, "main", lambda: seen.append(os.environ["XLA_FLAGS"]) or 0)
+  monkeypatch.setattr(os, "_exit", seen.append)
+  for command in ("epsilon", "demo"):
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
+    monkeypatch.setattr(sys, "argv", ["jaxacct", command])
+    jaxacct.cli.run()
+  assert seen == ["--xla_cpu_enable_fast_math=false --xla_cpu_use_fusion_emitters=false", 0,
+                  "--xla_cpu_enable_fast_math=false", 0]
+
+
 def test_package_imports_its_names_on_first_use():
   """``import jaxacct`` imports no JAX; each public name is the object its module defines, and
   ``dir`` lists them all."""

@@ -572,3 +572,40 @@ def test_a_worker_thread_runs_float64_on_the_device_it_is_given():
     plain = pool.submit(threaded_call, seen).result()
   assert list(given) == [str(device), "float64"]
   assert list(plain) == ["None", "float64"]
+
+
+_EMITTER_CHECK = """
+import json
+import jaxacct
+out = []
+for steps in (1000, 10_000):  # (one program; the band's)
+  r = jaxacct.dpsgd_epsilon(1.0, 0.01, steps, 1e-5)
+  out.append([float(r.lower), float(r.estimate), float(r.upper)])
+r = jaxacct.dpsgd_delta(0.8, 0.05, 300, 2.0)
+out.append([float(r.lower), float(r.estimate), float(r.upper)])
+print(json.dumps(out))
+"""
+
+
+def test_the_two_cpu_emitters_answer_alike(capsys):
+  """XLA's CPU kernels come from its fusion emitters by default, from its elemental emitters in
+  the command line's processes (``jaxacct.cli.quick_compile_flags``) and in the suite's
+  (conftest). The same bounds from a process with the other choice than this one's, to 1e-10
+  relative (the two round differently, ~1e-13 on epsilon): what the suite checks of the bounds
+  holds for both builds."""
+  import json
+  import os
+  import subprocess
+  import sys
+  from jaxacct.cli import quick_compile_flags
+  here = os.environ.get("XLA_FLAGS", "")
+  kept = " ".join(f for f in here.split() if "xla_cpu_use_fusion_emitters" not in f)
+  other = kept if "xla_cpu_use_fusion_emitters=false" in here else quick_compile_flags(kept)
+  assert other != here
+  done = subprocess.run([sys.executable, "-c", _EMITTER_CHECK], capture_output=True, text=True,
+                        env=dict(os.environ, XLA_FLAGS=other), timeout=600)
+  assert done.returncode == 0, done.stderr[-2000:]
+  exec(_EMITTER_CHECK, {})  # (the same answers in this process)
+  this = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  np.testing.assert_allclose(json.loads(done.stdout.strip().splitlines()[-1]), this,
+                             rtol=1e-10, atol=0.0)
