@@ -27,14 +27,20 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def newton_in_bracket(value_and_slope, lo, hi, x0, iters=8, tol=0.0):
+_ROUNDOFF_STEP = 1e-12  # a Newton step below this times (1 + |x|) is round-off: converged
+
+
+def newton_in_bracket(value_and_slope, lo, hi, x0, iters=8, tol=0.0, settle=True):
   """Root of a decreasing function on [lo, hi] (f(lo) >= 0 >= f(hi)), safeguarded Newton.
 
   ``value_and_slope(x)`` returns (f(x), f'(x)); all of x, lo, hi may be arrays of one shape, each
   entry its own independent root. Each step takes the Newton step when it stays inside the
   current bracket and is at most half the step before last (as in rtsafe, so the bracket at
   least halves every two steps even where Newton crawls), and bisects otherwise; the bracket
-  follows the sign of f. Without a sign change the iterates collapse onto the nearer end. At most
+  follows the sign of f. With ``settle``, a Newton step below ``_ROUNDOFF_STEP`` (1 + |x|)
+  (round-off) is taken and ends the entry's search, its sign unevaluated (without, the halving
+  rule bisects on such steps: a bracket Newton closed from one side is left with x far from the
+  root). Without a sign change the iterates collapse onto the nearer end. At most
   ``iters`` steps (static shapes); it stops early once a step (Newton or bisection) moves x by at
   most ``tol`` (for arrays: once every entry has). With numpy arrays for lo, hi and x0 (and a
   numpy ``value_and_slope``) the same iteration runs on the host. Returns (x, lo, hi, converged,
@@ -55,13 +61,16 @@ def newton_in_bracket(value_and_slope, lo, hi, x0, iters=8, tol=0.0):
     # A converged step lands on (or a rounding error beyond) the bracket end it just moved: it
     # is kept, clamped, rather than replaced by a bisection that would undo the convergence.
     slack = 1e-3 * (b - a) + 4.0 * xp.finfo(x.dtype).eps * xp.abs(x)
+    # A step below 1e-12 (1 + |x|) is the function's round-off (100-1,000 ulps of x where its
+    # terms cancel, measured on the PLD's epsilon): x is the root.
+    settles = settle & (dfx < 0.0) & (xp.abs(newton - x) <= _ROUNDOFF_STEP * (1.0 + xp.abs(x)))
     inside = ((dfx < 0.0) & (newton >= a - slack) & (newton <= b + slack)
-              & (xp.abs(newton - x) <= 0.5 * before_last))
+              & ((xp.abs(newton - x) <= 0.5 * before_last) | settles))
     x_next = xp.where(inside, xp.clip(newton, a, b), 0.5 * (a + b))
     taken = xp.where(inside, xp.abs(newton - x), 0.5 * (b - a))
-    done = (taken <= tol) | (fx == 0.0)
+    done = (taken <= tol) | (fx == 0.0) | (inside & settles)
     # An entry that has converged stays put while others iterate: its next Newton step (round-off
-    # noise) is not below half of its last (zero) one, and a bisection would throw it away.
+    # noise) need not be below half of its last one, and a bisection would throw it away.
     # (The float state is one stacked array: XLA's CPU backend compiles each output of the loop
     # body as its own kernel; stacked, the default PLD program has 3 kernels fewer.)
     new = xp.stack([x_next, a, b, taken, last, dfx])
@@ -331,7 +340,9 @@ def root_in_bracket(residual, lo, hi, iters, which=0, tol=0.0, start=None, coars
   def solve(_, __):
     x0 = 0.5 * (lo + hi) if start is None else start
     search = residual if coarse is None else coarse
-    x, a, b, converged, slope = newton_in_bracket(slope_of(search), lo, hi, x0, iters, tol)
+    # (no settling: the safe ends returned where it has not converged are evaluated points)
+    x, a, b, converged, slope = newton_in_bracket(slope_of(search), lo, hi, x0, iters, tol,
+                                                  settle=False)
 
     def polish_step(_, x):
       step = jnp.clip(x - residual(x) / jnp.where(slope < 0.0, slope, -1.0), lo, hi)
