@@ -509,7 +509,8 @@ def quick_compile_flags(flags: str) -> str:
   """``XLA_FLAGS`` for a process that answers one question: XLA's CPU kernels from its
   elemental emitters rather than the (default) fusion emitters. A PLD program then compiles in
   ~1.5-2.5 s less (of ~4-6 s with an empty cache) and runs ~10-20 % slower warm; the answers
-  agree to ~1e-12 relative (tests/test_numerics.py). A choice the user made is kept."""
+  agree to round-off (~1e-12 relative, 1.6e-8 at most on 23 stored settings; docs/cli.md). A
+  choice the user made is kept."""
   if "xla_cpu_use_fusion_emitters" in flags:
     return flags
   return " ".join(filter(None, [flags, _QUICK_COMPILE]))

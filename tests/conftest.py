@@ -22,6 +22,17 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
 
 
+# XLA's CPU kernels compiled by its elemental emitters, not the (default) fusion emitters:
+# compiling is ~60 % of the suite's time (benchmarks/profile_tests.py), and a PLD program
+# compiles ~1.5-2.5 s sooner this way (benchmarks/README.md, "Where the test suite's time
+# goes"). The answers agree to round-off; test_numerics' default-emitter test checks that the
+# default build answers as this one does. Set before jax starts its backend; the workers and
+# subprocesses inherit it (scale_runs.py appends its device count).
+# (The command line runs the same way: jaxacct.cli.quick_compile_flags.)
+from jaxacct.cli import quick_compile_flags  # noqa: E402  (after the cache's variables)
+os.environ["XLA_FLAGS"] = quick_compile_flags(os.environ.get("XLA_FLAGS", ""))
+
+
 # The longest tests (a minute or more each: notebooks, multi-process and mesh runs, the docs'
 # tours, the demo) run first, so the two workers end on short tests and finish together
 # (with them last, one worker idled for a minute while the other ran a notebook).

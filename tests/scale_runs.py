@@ -19,7 +19,8 @@ import os
 import sys
 
 _DEVICES = {"process": 2}.get(sys.argv[1] if len(sys.argv) > 1 else "", 8)
-os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={_DEVICES}"
+os.environ["XLA_FLAGS"] = " ".join(filter(None, [  # (after the suite's own flags: conftest)
+    os.environ.get("XLA_FLAGS", ""), f"--xla_force_host_platform_device_count={_DEVICES}"]))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
