@@ -310,15 +310,14 @@ def fast_jit(fn, exported=None, **kwargs):
   Under a caller's trace the caller compiles everything, and a nested jit would be re-traced by
   batching after the float64 scope has closed (``vmap(jit(f))``). (XLA's CPU option
   ``xla_cpu_use_fusion_emitters=False`` compiles ~25-40% faster and runs ~10-20% slower. The
-  looser upper, not monotone in delta, that its round-off exposed (11-22; again 12-04) was on
-  12-04 a root that Newton reached and then left by bisecting on round-off steps, which
+  looser upper, not monotone in delta, that its round-off exposed was measured to be a root
+  Newton reached and then left by bisecting on round-off steps, which
   ``_solver.newton_in_bracket`` now ends on. No compiler options are set here: the command
-  line and the suite set that one for their processes, ``cli.quick_compile_flags``.) The
-  first top-level call turns on
-  the persistent compilation cache (``compile_cache.enable``): the next process reads the
-  programs back instead of compiling them. ``exported``, a name unique to ``fn`` (for positional
-  arguments only): the next process also skips the tracing (``_exported``: a warm first
-  answer's main cost).
+  line and the suite set that one for their processes, ``cli.quick_compile_flags``.) The first
+  top-level call turns on the persistent compilation cache (``compile_cache.enable``): the next
+  process reads the programs back instead of compiling them. ``exported``, a name unique to
+  ``fn`` (for positional arguments only): the next process also skips the tracing
+  (``_exported``: a warm first answer's main cost).
   """
   jitted = jax.jit(fn, **kwargs)
   _JITTED.append(jitted)

@@ -25,7 +25,7 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 # XLA's CPU kernels compiled by its elemental emitters, not the (default) fusion emitters:
 # compiling is ~60 % of the suite's time (benchmarks/profile_tests.py), and a PLD program
 # compiles ~1.5-2.5 s sooner this way (benchmarks/README.md, "Where the test suite's time
-# goes"). The answers agree to round-off; test_numerics' default-emitter test checks that the
+# goes"). The answers agree to round-off; test_numerics' two-emitter test checks that the
 # default build answers as this one does. Set before jax starts its backend; the workers and
 # subprocesses inherit it (scale_runs.py appends its device count).
 # (The command line runs the same way: jaxacct.cli.quick_compile_flags.)
