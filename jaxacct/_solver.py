@@ -61,7 +61,7 @@ def newton_in_bracket(value_and_slope, lo, hi, x0, iters=8, tol=0.0, settle=True
     # A converged step lands on (or a rounding error beyond) the bracket end it just moved: it
     # is kept, clamped, rather than replaced by a bisection that would undo the convergence.
     slack = 1e-3 * (b - a) + 4.0 * xp.finfo(x.dtype).eps * xp.abs(x)
-    # A step below 1e-12 (1 + |x|) is the function's round-off (100-1,000 ulps of x where its
+    # A step below 1e-12 (1 + |x|) is the function's round-off (30-160 ulps of x where its
     # terms cancel, measured on the PLD's epsilon): x is the root.
     settles = settle & (dfx < 0.0) & (xp.abs(newton - x) <= _ROUNDOFF_STEP * (1.0 + xp.abs(x)))
     inside = ((dfx < 0.0) & (newton >= a - slack) & (newton <= b + slack)
