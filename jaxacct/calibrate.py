@@ -78,6 +78,7 @@ from jaxacct.api import RELATIONS, _dpsgd_model, dpsgd_delta, dpsgd_epsilon
 from jaxacct.composition import Composition, checked
 from jaxacct.group import GroupSteps, check_fixed_batch, check_group_size, group_sampling
 from jaxacct.pld import accountant as _pld
+from jaxacct.pld import host as _pld_host
 from jaxacct.pld import make_plan as _pld_plan
 from jaxacct.pld.plan import SizeCache as _SizeCache
 from jaxacct.pld.plan import group_plans as _pld_group_plans
@@ -135,6 +136,12 @@ _STEP = 0.01       # the certified search's first step from its start, in log x 
 # certified search reads from there, and a start closer than its ~0.3% from the answer buys
 # nothing (a PLD batch of 100 settings: 5 reads each instead of up to 10, half the start's time).
 _START_FTOL = 1e-5
+# The host's start (``_host_pld_start``) aims this fraction of the search's band (``_FTOL`` x
+# margin) below the search's aim, to within ``_HOST_FTOL`` of it, in at most ``_HOST_SEARCH``
+# values: its upper then lands in the band where the host's estimate errs by < ~0.3 of it.
+_HOST_AIM = 0.5
+_HOST_FTOL = 0.2
+_HOST_SEARCH = 12
 _SHARED_PLAN_FAILED = results.WINDOW_TOO_SMALL | results.BELOW_FLOOR
 # A saddle-point start with these bits, or beyond this factor of the central-limit guess, is no
 # estimate (the saddle point lies beyond its searched tilts): the guess is used instead.
@@ -668,8 +675,8 @@ def _host_starts(opts, flat):
 
   The central-limit guess (``_guess``) is optimistic: below the PLD answer's sigma, above its q
   and T (by 1-25% in sigma, up to 20x in T for few steps). For the PLD accountant the RDP
-  accountant's calibration (certified, constant time, one small program) lies on the other
-  side, 5-30% safer: the search starts at their geometric mean (usually within a few percent)
+  calibration lies on the other side, 5-30% safer (``_rdp_start``: for add/remove DP-SGD on
+  the host at integer orders, nothing compiled): the search starts at their geometric mean (usually within a few percent)
   and its first window reaches from one to the other (``_NEAR`` beyond each, at most
   ``_SPREAD`` from the start). Where RDP finds nothing, the guess with ``_SPREAD`` either side.
   A PLD batch starts from the saddle-point accountant's estimate (``_starts``: one compiled
@@ -678,7 +685,8 @@ def _host_starts(opts, flat):
   the safe side and ``_NEAR`` to the other: the certified upper lies above the estimate (and
   the central-limit guess, where it is the start, is optimistic), so the answer lies on the
   safe side, and the other end, the costly one, sizes the plan (epsilon 1...4: 1.4x fewer grid
-  points than ``_SPREAD`` either side)."""
+  points than ``_SPREAD`` either side). One PLD setting that reads the front door starts where
+  the PLD composed on the host puts the answer (``_host_pld_start``)."""
   if opts.accountant == "pld" and np.size(flat[1]) > 1:
     start, clt = _starts(opts, flat)
     if opts.unknown == "noise_multiplier":  # (the safe side: larger sigma, smaller q and T)
@@ -688,9 +696,7 @@ def _host_starts(opts, flat):
                opts.target)
   start, low, high = clt, clt / _SPREAD, clt * _SPREAD
   if opts.accountant == "pld":
-    rdp_opts = dataclasses.replace(opts, accountant="rdp", eps_error=None)
-    found = _search(rdp_opts, flat, clt, Window(None), _SEARCH)
-    rdp = np.where(found.found, found.value, np.nan)
+    rdp = _rdp_start(opts, flat, clt)
     ok = np.isfinite(rdp) & (rdp > 0.0)
     middle = np.sqrt(clt * np.where(ok, rdp, clt))
     if opts.unknown == "steps":
@@ -698,7 +704,68 @@ def _host_starts(opts, flat):
     start = np.where(ok, middle, clt)
     low = np.where(ok, np.maximum(start / _SPREAD, np.minimum(clt, rdp) / _NEAR), low)
     high = np.where(ok, np.minimum(start * _SPREAD, np.maximum(clt, rdp) * _NEAR), high)
+    if _reads_front_door(opts, start):
+      start = _host_pld_start(opts, flat, start, low, high)
   return start, low, high, clt
+
+
+def _host_pld_start(opts, flat, start, low, high):
+  """``start`` moved to where the PLD accountant's own discretisation, composed on the host
+  (``pld.host``: nothing compiled), puts the answer, aimed inside the certified search's band
+  (its upper there lies within ~1e-5 relative of the certified one): the search's reads then
+  lie within ~1e-5 of each other, on one plan size, where from ``start`` (1-4 % off) they
+  straddled two or three sizes, each a compiled program, in 13 of 25 random settings. ``start``
+  itself where the host cannot serve the plan (``pld.host.HOST_POINTS``) or finds no answer."""
+  margin, target, other, sigma, q, steps = (np.asarray(a, np.float64) for a in flat)
+  aim = np.log(target) + np.log1p(-margin * (1.0 + _HOST_AIM * _FTOL))
+  sign = 1.0 if opts.unknown == "noise_multiplier" else -1.0
+  eps_error = _EPS_ERROR if opts.eps_error is None else opts.eps_error
+  directions = []  # (after the first value: the direction that gave it, alone)
+
+  def evaluate(x):
+    known = {"noise_multiplier": sigma, "sampling_rate": q, "steps": np.round(steps),
+             opts.unknown: x}
+    comp = _composition(*(np.float64(known[name][0]) for name in UNKNOWNS), opts.relation,
+                        opts.full_batch)
+    plan = _pld_plan(comp, other[0], eps_error=eps_error)
+    epsilon, add = _pld_host.epsilon(comp, other[0], plan, directions or None)
+    directions[:] = [add]
+    with np.errstate(divide="ignore"):
+      return np.atleast_1d(sign * (np.log(epsilon) - aim)), None
+
+  try:
+    a, b, _, _, found = bracket_search(
+        evaluate, start, step=_STEP, lower=low, upper=high, iters=_HOST_SEARCH, tol=_TOL,
+        whole=opts.unknown == "steps", ftol=_HOST_FTOL * _FTOL * margin,
+        safe_end="b" if sign > 0 else "a", slope=_first_slope(opts.unknown, opts.target))
+  except ValueError:  # (a plan past the host's size, or one the planner refuses)
+    return start
+  return np.where(found, b if sign > 0 else a, start)
+
+
+def _rdp_start(opts, flat, clt):
+  """Each setting's calibration by RDP from the central-limit guess ``clt`` (nan where it finds
+  none): for add/remove DP-SGD on the host at integer orders (``rdp.host_dpsgd_epsilon``:
+  nothing compiled, ~1.5 s less on a process's first calibration), else by the RDP
+  accountant's own compiled reads."""
+  rdp_opts = dataclasses.replace(opts, accountant="rdp", eps_error=None)
+  read = _host_rdp_read if opts.relation == "add_remove" else _read
+  found = _search(rdp_opts, flat, clt, Window(None), _SEARCH, read)
+  return np.where(found.found, found.value, np.nan)
+
+
+def _host_rdp_read(opts, flat, x, plan):
+  """``_read`` of add/remove DP-SGD by RDP at integer orders, on the host: an upper (and a
+  status) to start from, not the RDP accountant's (its orders are continuous)."""
+  del plan
+  _, _, other, sigma, q, steps = (np.asarray(a, np.float64) for a in flat)
+  known = {"noise_multiplier": sigma, "sampling_rate": q, "steps": steps, opts.unknown: x}
+  rate = np.ones_like(known["sampling_rate"]) if opts.full_batch else known["sampling_rate"]
+  fn = _rdp.host_dpsgd_epsilon if opts.target == "epsilon" else _rdp.host_dpsgd_delta
+  with np.errstate(over="ignore", invalid="ignore"):
+    upper = fn(known["noise_multiplier"], rate, known["steps"], other)
+  return results.Bounds(np.full_like(upper, np.nan), upper, upper,
+                        np.full(upper.shape, results.LOWER_VACUOUS, np.int32))
 
 
 def _next_window(unknown, value, upper, aim):
@@ -932,11 +999,12 @@ def _search_bounds(opts, window, settings):
   return (np.round(low), np.round(high)) if opts.unknown == "steps" else (low, high)
 
 
-def _search(opts, flat, x0, window, evaluations):
+def _search(opts, flat, x0, window, evaluations, read=None):
   """Every setting's certified search from ``x0`` on ``window``'s plan, within the values it
   serves (``_search_bounds``), reading at most ``evaluations`` values each. One setting, or a
   constant-time accountant: the bracket search runs on the host, each of its reads one call of
-  a compiled accountant (``_read``; one PLD setting reads the front door itself). A batch
+  a compiled accountant (``read``, default ``_read``; one PLD setting reads the front door
+  itself). A batch
   on the PLD accountant: one compiled program (``_runner``), each setting's search stopping on
   its own. The value is the safe end of the final bracket: where the upper was seen below the
   aim (b for sigma, whose upper falls as it grows; a for q and T)."""
@@ -953,7 +1021,7 @@ def _search(opts, flat, x0, window, evaluations):
   aim = np.log(np.asarray(flat[1])) + np.log1p(-margin)
 
   def evaluate(x):
-    bounds = _read(opts, flat, x, window.plan)
+    bounds = (read or _read)(opts, flat, x, window.plan)
     upper = np.where(np.isnan(bounds.upper), np.inf, bounds.upper)  # (no bound: not below)
     with np.errstate(divide="ignore"):
       return sign * (np.log(upper) - aim), bounds
@@ -1160,7 +1228,7 @@ def _calibrate(unknown, target, accountant, relation, plan, size_cache, epsilon,
     return _traced(opts, flat, plan, shape)
   report, own = progress or _quiet, accountant == "pld" and plan is None
   cache = (size_cache or _SizeCache()) if own else None  # (rounds reuse compiled sizes)
-  report("starting point (central limit and RDP)")
+  report("starting point (central limit, RDP and the PLD on the host)")
   starts = _host_starts(opts, flat)
   window, x0 = _first_window(opts, flat, starts, cache) if own else (Window(plan), starts[0])
   spent, sizes, last = 0, frozenset(), None

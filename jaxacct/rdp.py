@@ -41,7 +41,8 @@ import numpy as np
 from jaxacct import cgf, models
 from jaxacct._batch import answer, blockwise, vectorised
 from jaxacct._inputs import check_delta, check_epsilon, check_range
-from jaxacct._numerics import as_leaf, exp_upper, float64, floored_status, safe_where
+from jaxacct._numerics import (array_namespace, as_leaf, exp_upper, float64, floored_status,
+                               safe_where)
 from jaxacct._solver import implicit_root, newton_in_bracket
 from jaxacct.composition import Composition
 from jaxacct.results import LOWER_VACUOUS, UPPER_FLOORED, Bounds, zero_if
@@ -177,13 +178,15 @@ def _delta_condition(epsilon):
 
 
 def _epsilon_at(k, t, log_delta):
-  """The conversion's epsilon at order 1 + t (``k`` = K(t) of the composition)."""
-  return (k - log_delta - jnp.log1p(t)) / t - jnp.log1p(1.0 / t)
+  """The conversion's epsilon at order 1 + t (``k`` = K(t) of the composition; host or traced)."""
+  xp = array_namespace(k, t, log_delta)
+  return (k - log_delta - xp.log1p(t)) / t - xp.log1p(1.0 / t)
 
 
 def _log_delta_at(k, t, epsilon):
-  """The conversion's log delta at order 1 + t."""
-  return k - epsilon * t - t * jnp.log1p(1.0 / t) - jnp.log1p(t)
+  """The conversion's log delta at order 1 + t (host or traced)."""
+  xp = array_namespace(k, t, epsilon)
+  return k - epsilon * t - t * xp.log1p(1.0 / t) - xp.log1p(t)
 
 
 def _bounds(composition, value, status=0):
@@ -270,3 +273,60 @@ def delta(composition, epsilon) -> Bounds:
   epsilon = as_leaf(epsilon)
   check_epsilon(epsilon)
   return answer(_delta_run, composition, epsilon)
+
+
+# ----------------------------------------------------------------------------------------------
+# DP-SGD on the host at integer orders: a calibration's starting value, nothing compiled
+
+
+# Integer orders 2...32, then ~12% apart up to 1024 (a step's binomial sum has order + 1 terms).
+HOST_ORDERS = np.unique(np.concatenate([np.arange(2, 33),
+                                        np.round(np.geomspace(32, 1024, 31))])).astype(int)
+"""The integer Renyi orders ``host_dpsgd_epsilon`` and ``host_dpsgd_delta`` minimise over."""
+
+
+def host_dpsgd_rdp(noise_multiplier, sampling_rate, orders=HOST_ORDERS) -> np.ndarray:
+  """RDP of one add/remove DP-SGD step (the Poisson-subsampled Gaussian, sensitivity 1) at the
+  integer ``orders``, on the host (numpy, nothing compiled): [settings, orders]. At an integer
+  order a the divergence is exact, log(sum_k C(a, k) (1-q)^(a-k) q^k e^{(k^2-k)/(2 s^2)})/(a-1)
+  (Mironov, Talwar and Zhang 2019; the other direction is no larger), summed in log space;
+  its absolute round-off (~1e-16 per step) makes it a starting value, not a certified bound
+  where a step's divergence is that small (``rdp`` is the accountant)."""
+  import scipy.special  # pylint: disable=import-outside-toplevel  (a dependency; host only)
+
+  sigma = np.atleast_1d(np.asarray(noise_multiplier, np.float64))[:, None, None]
+  q = np.atleast_1d(np.asarray(sampling_rate, np.float64))[:, None, None]
+  a = np.asarray(orders, np.float64)[None, :, None]
+  k = np.arange(int(np.max(orders)) + 1, dtype=np.float64)[None, None, :]
+  inside = k <= a
+  with np.errstate(divide="ignore", invalid="ignore"):  # (q = 1: only k = a weighs)
+    log_binomial = (scipy.special.gammaln(a + 1.0) - scipy.special.gammaln(k + 1.0)
+                    - scipy.special.gammaln(np.maximum(a - k, 0.0) + 1.0))
+    terms = (log_binomial + np.where(k < a, (a - k) * np.log1p(-q), 0.0)
+             + np.where(k > 0.0, k * np.log(q), 0.0) + (k * k - k) / (2.0 * sigma * sigma))
+  log_moment = scipy.special.logsumexp(np.where(inside, terms, -np.inf), axis=-1)
+  return np.maximum(log_moment, 0.0) / (a[..., 0] - 1.0)
+
+
+def _host_cgf(noise_multiplier, sampling_rate, steps):
+  """(K(a - 1) of ``steps`` DP-SGD steps at each of ``HOST_ORDERS`` [settings, orders], a - 1)."""
+  t = HOST_ORDERS.astype(np.float64) - 1.0
+  steps = np.atleast_1d(np.asarray(steps, np.float64))[:, None]
+  return steps * t * host_dpsgd_rdp(noise_multiplier, sampling_rate), t
+
+
+def host_dpsgd_epsilon(noise_multiplier, sampling_rate, steps, delta) -> np.ndarray:
+  """epsilon(delta) of ``steps`` add/remove DP-SGD steps by ``epsilon``'s conversion at the
+  integer ``HOST_ORDERS`` (not its continuous orders: a little larger), on the host, arrays
+  elementwise: a calibration's starting value (``host_dpsgd_rdp``)."""
+  k, t = _host_cgf(noise_multiplier, sampling_rate, steps)
+  log_delta = np.log(np.atleast_1d(np.asarray(delta, np.float64)))[:, None]
+  return np.maximum(np.min(_epsilon_at(k, t, log_delta), axis=-1), 0.0)
+
+
+def host_dpsgd_delta(noise_multiplier, sampling_rate, steps, epsilon) -> np.ndarray:
+  """delta(epsilon) of ``steps`` add/remove DP-SGD steps by ``delta``'s conversion at the
+  integer ``HOST_ORDERS``, on the host, arrays elementwise (as ``host_dpsgd_epsilon``)."""
+  k, t = _host_cgf(noise_multiplier, sampling_rate, steps)
+  epsilon = np.atleast_1d(np.asarray(epsilon, np.float64))[:, None]
+  return np.exp(np.minimum(np.min(_log_delta_at(k, t, epsilon), axis=-1), 0.0))

@@ -75,13 +75,19 @@ def test_a_batch_plans_each_setting_apart():
     assert stacked.log_tail[i] == float(plan.log_tail)
 
 
-def test_one_setting_reads_the_front_door_and_compiles_one_program(monkeypatch):
-  """The README's calibration (epsilon 2, delta 1e-5, q 0.01, T 1000): each value the search
-  reads is the front door's own answer there (its plan, as in a fresh process), and the check
-  at the answer is that read (no second call): the answer's upper is exactly
-  ``dpsgd_epsilon``'s, and every read ran on the plan sizes of the
-  answer's own plan: one compiled PLD program (the window's plan is not compiled)."""
+@pytest.mark.parametrize("eps, q, steps", [(2.0, 0.01, 1000), (1.0, 0.004, 20_000)])
+def test_one_setting_reads_the_front_door_and_compiles_one_program(monkeypatch, eps, q, steps):
+  """The README's calibration (epsilon 2, delta 1e-5, q 0.01, T 1000) and one whose RDP start
+  lay a plan size away from the answer: each value the search reads is the front door's own
+  answer there (its plan, as in a fresh process), and the check at the answer is that read (no
+  second call): the answer's upper is exactly ``dpsgd_epsilon``'s, and every read ran on the
+  plan sizes of the answer's own plan: one compiled PLD program (the window's plan is not
+  compiled; the start was moved on the host to where the PLD puts the answer). The RDP start
+  runs on the host (no compiled RDP read)."""
   from jaxacct.pld import accountant, make_plan
+  accountants, read = [], calibrate._read
+  monkeypatch.setattr(calibrate, "_read", lambda opts, *a: (
+      accountants.append(opts.accountant), read(opts, *a))[1])
   sizes, run = [], accountant._run
   monkeypatch.setattr(accountant, "_run", lambda quantity, flat, plan, *a, **k: (
       sizes.append(plan.sizes), run(quantity, flat, plan, *a, **k))[1])
@@ -89,14 +95,15 @@ def test_one_setting_reads_the_front_door_and_compiles_one_program(monkeypatch):
   front_door = calibrate._front_door_bounds
   monkeypatch.setattr(calibrate, "_front_door_bounds", lambda opts, flat, value: (
       reads.append(float(value[0])), front_door(opts, flat, value))[1])
-  sigma = float(calibrate.noise_multiplier(2.0, 1e-5, 0.01, 1000))
+  sigma = float(calibrate.noise_multiplier(eps, 1e-5, q, steps))
   monkeypatch.undo()
-  own = make_plan(jaxacct.dpsgd_composition(sigma, 0.01, 1000), 1e-5)
+  own = make_plan(jaxacct.dpsgd_composition(sigma, q, steps), 1e-5)
   # (the check is the search's own read at the answer: no value is read twice)
-  assert len(reads) >= 3 and sigma in reads and len(set(reads)) == len(reads)
+  assert len(reads) >= 2 and sigma in reads and len(set(reads)) == len(reads)
   assert set(sizes) == {own.sizes}, (sizes, own.sizes)
-  upper = float(_upper(sigma, 0.01, 1000, 1e-5))
-  assert 2.0 * (1.0 - 2.5e-4) <= upper <= 2.0 * (1.0 - 2e-4)  # (the aim, to its ftol)
+  assert set(accountants) == {"pld"}
+  upper = float(_upper(sigma, q, steps, 1e-5))
+  assert eps * (1.0 - 2.5e-4) <= upper <= eps * (1.0 - 2e-4)  # (the aim, to its ftol)
 
 
 def _recording_plans(monkeypatch):

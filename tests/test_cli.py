@@ -119,7 +119,8 @@ def test_a_later_process_reads_the_saved_exports_and_answers_the_same(tmp_path):
   files = lambda: {path.stem: path.stat().st_mtime_ns for path in (tmp_path / "exports").iterdir()}
   first = run(env)
   saved = files()
-  assert len(saved) >= 3 and eval(first[1]) == sorted(saved)  # pylint: disable=eval-used
+  # (the front door's program at each plan size read; the calibration's RDP start compiles none)
+  assert len(saved) >= 2 and eval(first[1]) == sorted(saved)  # pylint: disable=eval-used
   # (each export's call is compiled once, and nothing else)
   assert eval(first[2]) == ["jit(call)"] * len(saved), first[2]  # pylint: disable=eval-used
   second = run(env)

@@ -248,6 +248,28 @@ def test_delta_matches_dp_accounting_and_inverts_epsilon():
     assert d <= dpa_accountant(*row["entries"][0]).get_delta(e) * (1 + 1e-10)
 
 
+def test_host_dpsgd_rdp_matches_dp_accounting_at_its_integer_orders():
+  """The calibration's host start (numpy, nothing compiled) is dp-accounting's integer-order RDP
+  and conversion, and no tighter than the RDP accountant's continuous orders; its delta
+  inverts its epsilon."""
+  rng = np.random.default_rng(7)
+  sigma = np.exp(rng.uniform(np.log(0.5), np.log(20.0), 24))
+  rate = np.where(np.arange(24) % 6 == 0, 1.0, np.exp(rng.uniform(np.log(1e-4), 0.0, 24)))
+  steps = np.round(np.exp(rng.uniform(0.0, np.log(1e5), 24)))
+  delta = np.exp(rng.uniform(np.log(1e-10), np.log(1e-3), 24))
+  orders = [float(a) for a in rdp.HOST_ORDERS]
+  host = rdp.host_dpsgd_epsilon(sigma, rate, steps, delta)
+  ref = [dpa_accountant(s, q, t, orders).get_epsilon(d)
+         for s, q, t, d in zip(sigma, rate, steps, delta)]
+  np.testing.assert_allclose(host, ref, rtol=1e-11)
+  np.testing.assert_allclose(rdp.host_dpsgd_rdp(sigma[:4], rate[:4])[:, [0, 5]],
+                             [dpa_accountant(s, q, 1, [2.0, 7.0]).rdp
+                              for s, q in zip(sigma[:4], rate[:4])], rtol=1e-9)
+  continuous = np.asarray(rdp.epsilon(dpsgd(sigma, rate, steps), delta).upper)
+  assert np.all(host >= continuous * (1 - 1e-9))
+  np.testing.assert_allclose(rdp.host_dpsgd_delta(sigma, rate, steps, host), delta, rtol=1e-9)
+
+
 # ---------------------------------------------------------------------------------------------
 # Transformations
 

@@ -38,6 +38,26 @@ def _assert_meets(row, lower, estimate, upper, status):
   assert upper - lower <= 0.022
 
 
+def test_the_host_estimate_meets_the_references():
+  """``pld.host.epsilon`` (numpy, nothing compiled: a calibration's start) on every third stored
+  setting its FFT serves: within the stored references as the accountant's estimate is, and
+  above prv-accountant's certified lower bound."""
+  from jaxacct.pld import host, make_plan
+  served = 0
+  for row in REFERENCES[::3]:
+    comp = composition(row)
+    plan = make_plan(comp, row["delta"])
+    if plan.fft_size > host.HOST_POINTS:
+      continue
+    served += 1
+    eps, _ = host.epsilon(comp, row["delta"], plan)
+    best_upper = min(row["dpa_2e5"], row["dpa_1e5"])
+    assert abs(eps - best_upper) <= 1e-3 * max(1.0, best_upper), label(row)
+    if "prv_lower" in row:
+      assert eps >= row["prv_lower"], label(row)
+  assert served >= 15
+
+
 def test_reference_file_covers_the_ranges():
   rates = [q for row in REFERENCES for _, q, _ in row["entries"]]
   sigmas = [s for row in REFERENCES for s, _, _ in row["entries"]]
