@@ -10,7 +10,13 @@ same setting as ``jaxacct calibrate``'s defaults (epsilon 2, delta 1e-5, q 0.01,
 The first calibration in a process is also timed inside it (after the import: what a training
 script's call costs), with the cache empty and then warm.
 
-Run:  pip install -e ".[bench]"; python benchmarks/bench_startup.py [--repeat N]
+``--settings N`` times instead the first calibration of N random settings (epsilon 0.3...8,
+q 1e-3...0.1, T 100...10^5, delta 1e-9...1e-4; seeded), each in a fresh process with no cache,
+from the host's start (``calibrate._host_pld_start``) and from the RDP start alone, alternated:
+the seconds and the number of XLA compilations of each (a PLD program per plan size its reads
+straddle).
+
+Run:  pip install -e ".[bench]"; python benchmarks/bench_startup.py [--repeat N] [--settings N]
 (prints the machine, the ml_dtypes version, its load average before each row, and the median of
 N runs per row).
 """
@@ -46,6 +52,58 @@ IN_PROCESS = ("import time, jaxacct; start = time.perf_counter(); "
 OPACUS = ("from opacus.accountants.utils import get_noise_multiplier; "
           "print(get_noise_multiplier(target_epsilon=2.0, target_delta=1e-5, sample_rate=0.01, "
           "steps=1000, accountant={!r}))")
+
+
+# One setting's first calibration in a fresh process: its seconds and the XLA compilations that
+# took over 0.3 s (argv: epsilon, delta, q, T, and "rdp" to start from the RDP start alone).
+FIRST_CALIBRATION = """
+import sys, time, jax, jaxacct
+from jaxacct import calibrate
+if sys.argv[5:] == ["rdp"]:
+  calibrate._host_pld_start = lambda opts, flat, start, low, high: start
+compiles = []
+jax.monitoring.register_event_duration_secs_listener(lambda event, seconds, **_: (
+    compiles.append(seconds) if event.endswith("backend_compile_duration") and seconds > 0.3
+    else None))
+eps, delta, q, steps = (float(v) for v in sys.argv[1:5])
+start = time.perf_counter()
+sigma = float(calibrate.noise_multiplier(eps, delta, q, int(steps)))
+print(sigma, len(compiles), time.perf_counter() - start)
+"""
+
+
+def random_settings(count, seed=1):
+  """[(epsilon, delta, q, T)] drawn log-uniformly over the ranges in the module docstring."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(seed)
+  draw = lambda lo, hi: float(np.exp(rng.uniform(np.log(lo), np.log(hi))))
+  return [(draw(0.3, 8.0), draw(1e-9, 1e-4), draw(1e-3, 0.1), int(draw(100, 1e5)))
+          for _ in range(count)]
+
+
+def first_calibrations(count, base):
+  """Each random setting's first calibration from either start (fresh processes, no cache)."""
+  env = dict(base, JAXACCT_NO_CACHE="1")
+  totals = {"host": [0.0, 0], "rdp": [0.0, 0]}
+  print(f"{'epsilon':>8s} {'delta':>8s} {'q':>8s} {'T':>7s}   host start: s, compiles, sigma"
+        "   | RDP start alone: s, compiles, sigma")
+  for eps, delta, q, steps in random_settings(count):
+    cells = []
+    for start in ("host", "rdp"):
+      argv = [sys.executable, "-c", FIRST_CALIBRATION, repr(eps), repr(delta), repr(q),
+              str(steps)] + (["rdp"] if start == "rdp" else [])
+      done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+      if done.returncode:
+        cells.append(f"refused ({done.stderr.strip().splitlines()[-1][:60]})")
+        continue
+      sigma, compiles, elapsed = done.stdout.split()[-3:]
+      totals[start][0] += float(elapsed)
+      totals[start][1] += int(compiles) > 1
+      cells.append(f"{float(elapsed):6.2f} {compiles:>2s} {float(sigma):.8g}")
+    print(f"{eps:8.3g} {delta:8.2g} {q:8.3g} {steps:7d}   " + "   | ".join(cells), flush=True)
+  for start, (elapsed, several) in totals.items():
+    print(f"{start} start: {elapsed:.1f} s in all; {several} of {count} settings compiled "
+          "more than one program")
 
 
 def seconds(argv, env):
@@ -89,12 +147,16 @@ def empty_and_warm(name, timed_run, base, repeat):
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--repeat", type=int, default=3)
+  parser.add_argument("--settings", type=int, default=0)
   args = parser.parse_args()
   print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
         f"{platform.python_version()}, ml_dtypes {importlib.metadata.version('ml_dtypes')}, "
         f"load {os.getloadavg()}")
   base = {k: v for k, v in os.environ.items() if k not in ("JAXACCT_NO_CACHE",
                                                           "JAX_COMPILATION_CACHE_DIR")}
+  if args.settings:
+    first_calibrations(args.settings, base)
+    return
   for name, argv, cached in COMMANDS:
     if not cached:
       row(name, [seconds(argv, base) for _ in range(args.repeat)])
