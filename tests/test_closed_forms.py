@@ -267,3 +267,22 @@ def test_upper_is_tight_for_few_steps_with_atoms(kind, parameter, steps, delta):
   r = jaxacct.epsilon([(model, steps)], delta)
   assert int(r.status) == 0
   assert float(r.lower) <= exact <= float(r.upper) <= exact + 1e-3 * max(1.0, exact)
+
+
+@pytest.mark.parametrize("entries, delta, exact", [
+    ([(jaxacct.Gaussian(2.0), 50)], 1e-6, lambda: gaussian_epsilon(1e-6, math.sqrt(50) / 2.0)),
+    ([(jaxacct.Gaussian(0.8), 3)], 1e-10, lambda: gaussian_epsilon(1e-10, math.sqrt(3) / 0.8)),
+    ([(jaxacct.PureDP(0.5), 30)], 1e-5,
+     lambda: epsilon_of(lambda e: pure_dp_delta(e, 0.5, 30), 1e-5, 15.0)),
+    ([(jaxacct.Laplace(1.0), 2)], 1e-4,
+     lambda: epsilon_of(lambda e: laplace_delta(e, 1.0, 2), 1e-4, 2.0)),
+])
+def test_the_host_estimate_lies_at_the_closed_form_from_above(entries, delta, exact):
+  """``pld.host.epsilon`` (numpy, nothing compiled: a calibration's start) composes the
+  accountant's dominating discretisation: at or above the exact epsilon, within the plan's
+  eps_error (0.01) of it."""
+  from jaxacct.pld import host, make_plan
+  comp = jaxacct.Composition.of(*entries)
+  eps, _ = host.epsilon(comp, delta, make_plan(comp, delta))
+  truth = exact()
+  assert truth * (1 - 1e-9) <= eps <= truth + 0.01, (eps, truth)

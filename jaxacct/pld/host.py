@@ -51,9 +51,12 @@ def composed(composition, plan, add):
     pmf, start, above = _step(mech, add, plan)
     spectrum *= np.fft.rfft(pmf, n) ** count
     first += count * start
-    cgf = cgf + count * grid_cgf(pmf[None], np.array([start], np.float64), np.array([h]))[0]
+    with np.errstate(divide="ignore"):  # (an empty block's log: -inf, as in the planner)
+      cgf = cgf + count * grid_cgf(pmf[None], np.array([start], np.float64), np.array([h]))[0]
     log_finite += count * math.log1p(-min(above, 1.0 - 1e-16))
   masses = np.maximum(np.fft.irfft(spectrum, n), 0.0)
+  if not np.all(np.isfinite(masses)):
+    raise ValueError("the host's composed masses are not finite")
   bottom, top = (float(v) for v in window_edges(cgf, float(plan.log_window_tail)))
   needed = math.ceil((top - bottom) / h) + 1
   low = (math.floor(bottom / h) - (n - needed) // 2 if needed <= n
@@ -76,7 +79,8 @@ def _epsilon_at(losses, masses, at_inf, delta):
     k = int(np.argmax(at_grid <= delta)) if np.any(at_grid <= delta) else losses.size
     if k == losses.size or at_inf > delta:
       return math.inf
-    epsilon = math.log((above[k] - delta) / tilted[k]) if tilted[k] > 0.0 else losses[k]
+    ratio = (above[k] - delta) / tilted[k] if tilted[k] > 0.0 else math.inf
+    epsilon = math.log(ratio) if ratio > 0.0 else -math.inf  # (-inf: delta(eps) <= delta here)
   return max(float(np.clip(epsilon, losses[k - 1] if k else -math.inf, losses[k])), 0.0)
 
 
