@@ -141,7 +141,8 @@ _START_FTOL = 1e-5
 # values: its upper then lands in the band where the host's estimate errs by < ~0.3 of it.
 _HOST_AIM = 0.5
 _HOST_FTOL = 0.2
-_HOST_SEARCH = 12
+_HOST_SEARCH = 16
+_HOST_REACH = 4.0
 _SHARED_PLAN_FAILED = results.WINDOW_TOO_SMALL | results.BELOW_FLOOR
 # A saddle-point start with these bits, or beyond this factor of the central-limit guess, is no
 # estimate (the saddle point lies beyond its searched tilts): the guess is used instead.
@@ -686,7 +687,8 @@ def _host_starts(opts, flat):
   the central-limit guess, where it is the start, is optimistic), so the answer lies on the
   safe side, and the other end, the costly one, sizes the plan (epsilon 1...4: 1.4x fewer grid
   points than ``_SPREAD`` either side). One PLD setting that reads the front door starts where
-  the PLD composed on the host puts the answer (``_host_pld_start``)."""
+  the PLD composed on the host puts the answer (``_host_pld_start``; replace-one, whose RDP
+  start would compile the RDP accountant, looks for it from the central-limit guess first)."""
   if opts.accountant == "pld" and np.size(flat[1]) > 1:
     start, clt = _starts(opts, flat)
     if opts.unknown == "noise_multiplier":  # (the safe side: larger sigma, smaller q and T)
@@ -695,6 +697,11 @@ def _host_starts(opts, flat):
   clt = _guess(opts.unknown, *(np.asarray(a, np.float64) for a in flat[1:]), opts.relation,
                opts.target)
   start, low, high = clt, clt / _SPREAD, clt * _SPREAD
+  front_door = _reads_front_door(opts, clt)
+  if front_door and opts.relation != "add_remove":  # (its RDP start would compile a program)
+    found = _host_pld_start(opts, flat, clt, low, high)
+    if found is not None:
+      return found + (clt,)
   if opts.accountant == "pld":
     rdp = _rdp_start(opts, flat, clt)
     ok = np.isfinite(rdp) & (rdp > 0.0)
@@ -704,27 +711,34 @@ def _host_starts(opts, flat):
     start = np.where(ok, middle, clt)
     low = np.where(ok, np.maximum(start / _SPREAD, np.minimum(clt, rdp) / _NEAR), low)
     high = np.where(ok, np.minimum(start * _SPREAD, np.maximum(clt, rdp) * _NEAR), high)
-    if _reads_front_door(opts, start):
-      start = _host_pld_start(opts, flat, start, low, high)
+    if front_door:
+      start, low, high = _host_pld_start(opts, flat, start, low, high) or (start, low, high)
   return start, low, high, clt
 
 
 def _host_pld_start(opts, flat, start, low, high):
-  """``start`` moved to where the PLD accountant's own discretisation, composed on the host
-  (``pld.host``: nothing compiled), puts the answer, aimed inside the certified search's band
-  (its upper there lies within ~1e-5 relative of the certified one): the search's reads then
-  lie within ~1e-5 of each other, on one plan size, where from ``start`` (1-4 % off) they
-  straddled two or three sizes, each a compiled program, in 13 of 25 random settings. ``start``
-  itself where the host cannot serve the plan (``pld.host.HOST_POINTS``) or finds no answer."""
+  """(start, low, high) with ``start`` moved to where the PLD accountant's own discretisation,
+  composed on the host (``pld.host``: nothing compiled), puts the answer, aimed inside the
+  certified search's band (its upper there lies within ~1e-5 relative of the certified one):
+  the search's reads then lie within ~1e-5 of each other, on one plan size, where from
+  ``start`` (1-4 % off) they straddled two or three sizes, each a compiled program, in 17 of
+  25 random settings. The host may look ``_HOST_REACH`` beyond ``start`` (its reads compile
+  nothing); an answer outside the window [``low``, ``high``] (within ``_NEAR``) moves the
+  window there, ``_SPREAD`` either side. None where the host cannot serve a plan
+  (``pld.host.HOST_POINTS``) or finds no answer."""
   margin, target, other, sigma, q, steps = (np.asarray(a, np.float64) for a in flat)
   aim = np.log(target) + np.log1p(-margin * (1.0 + _HOST_AIM * _FTOL))
   sign = 1.0 if opts.unknown == "noise_multiplier" else -1.0
   eps_error = _EPS_ERROR if opts.eps_error is None else opts.eps_error
+  whole = opts.unknown == "steps"
+  snap = np.round if whole else (lambda x: x)
+  lo, hi = DOMAIN[opts.unknown]
+  reach = (snap(np.maximum(start / _HOST_REACH, lo)), snap(np.minimum(start * _HOST_REACH, hi)))
   directions = []  # (after the first value: the direction that gave it, alone)
 
   def evaluate(x):
     known = {"noise_multiplier": sigma, "sampling_rate": q, "steps": np.round(steps),
-             opts.unknown: x}
+             opts.unknown: snap(x)}
     comp = _composition(*(np.float64(known[name][0]) for name in UNKNOWNS), opts.relation,
                         opts.full_batch)
     plan = _pld_plan(comp, other[0], eps_error=eps_error)
@@ -735,12 +749,17 @@ def _host_pld_start(opts, flat, start, low, high):
 
   try:
     a, b, _, _, found = bracket_search(
-        evaluate, start, step=_STEP, lower=low, upper=high, iters=_HOST_SEARCH, tol=_TOL,
-        whole=opts.unknown == "steps", ftol=_HOST_FTOL * _FTOL * margin,
+        evaluate, snap(start), step=_STEP, lower=reach[0], upper=reach[1], iters=_HOST_SEARCH,
+        tol=_TOL, whole=whole, ftol=_HOST_FTOL * _FTOL * margin,
         safe_end="b" if sign > 0 else "a", slope=_first_slope(opts.unknown, opts.target))
   except ValueError:  # (a plan past the host's size, or one the planner refuses)
-    return start
-  return np.where(found, b if sign > 0 else a, start)
+    return None
+  if not found[0]:
+    return None
+  x = b if sign > 0 else a
+  if low[0] * _NEAR <= x[0] <= high[0] / _NEAR:
+    return x, low, high
+  return x, snap(np.maximum(x / _SPREAD, lo)), snap(np.minimum(x * _SPREAD, hi))
 
 
 def _rdp_start(opts, flat, clt):

@@ -125,10 +125,17 @@ def test_a_start_far_from_the_answer_is_recovered_by_a_moved_window(monkeypatch)
   """Small q, few steps, small epsilon: the saddle-point start (sigma ~2.29) is twice the answer
   (~1.19), below the first plan's window. The next window reaches from the answer's edge towards
   smaller sigma (as far as the certified upper there says the target may lie), not around the
-  old one: every plan within MAX_PLAN_POINTS, and the answer certified and tight."""
+  old one: every plan within MAX_PLAN_POINTS, and the answer certified and tight. (With the
+  host's start, which the moved window backs up where the host serves no plan, the first
+  window already holds the answer: the same answer's search in one window.)"""
   eps, delta, q, steps = 0.11072552403015318, 1.0282320190576635e-07, 2e-3, 50
   calls = _recording_plans(monkeypatch)
+  sigma_host = float(calibrate.noise_multiplier(eps, delta, q, steps))
+  assert len(calls) == 1 and calls[0][0][0] < sigma_host < calls[0][1][0], calls
+  calls.clear()
+  monkeypatch.setattr(calibrate, "_host_pld_start", lambda *args: None)
   sigma = float(calibrate.noise_multiplier(eps, delta, q, steps))
+  assert abs(sigma / sigma_host - 1.0) < 1e-4
   assert len(calls) >= 2 and calls[1][0][0] < sigma < calls[0][0][0], calls
   assert calls[1][1][0] < calls[0][1][0]  # (moved towards the answer, not widened around both)
   assert all(points <= calibrate.MAX_PLAN_POINTS for _, _, points in calls)
