@@ -29,7 +29,8 @@ when the optimum lies outside, the bound at the nearer end is returned (valid, n
 
 ``upper`` = ``estimate`` is that bound; RDP gives no lower bound (``lower`` is nan, status
 ``LOWER_VACUOUS``). Every function is float64, and jit/vmap/grad-able (inputs are checked only
-when concrete).
+when concrete), except the ``host_dpsgd_*`` functions at the end: DP-SGD on the host (numpy) at
+integer orders, a calibration's starting value with nothing compiled.
 """
 
 from __future__ import annotations
