@@ -60,7 +60,7 @@ FIRST_CALIBRATION = """
 import sys, time, jax, jaxacct
 from jaxacct import calibrate
 if sys.argv[5:] == ["rdp"]:
-  calibrate._host_pld_start = lambda opts, flat, start, low, high: start
+  calibrate._host_pld_start = lambda opts, flat, start, low, high: None
 compiles = []
 jax.monitoring.register_event_duration_secs_listener(lambda event, seconds, **_: (
     compiles.append(seconds) if event.endswith("backend_compile_duration") and seconds > 0.3

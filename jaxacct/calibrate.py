@@ -677,9 +677,10 @@ def _host_starts(opts, flat):
   The central-limit guess (``_guess``) is optimistic: below the PLD answer's sigma, above its q
   and T (by 1-25% in sigma, up to 20x in T for few steps). For the PLD accountant the RDP
   calibration lies on the other side, 5-30% safer (``_rdp_start``: for add/remove DP-SGD on
-  the host at integer orders, nothing compiled): the search starts at their geometric mean (usually within a few percent)
-  and its first window reaches from one to the other (``_NEAR`` beyond each, at most
-  ``_SPREAD`` from the start). Where RDP finds nothing, the guess with ``_SPREAD`` either side.
+  the host at integer orders, nothing compiled): the search starts at their geometric mean
+  (usually within a few percent) and its first window reaches from one to the other
+  (``_NEAR`` beyond each, at most ``_SPREAD`` from the start). Where RDP finds nothing, the
+  guess with ``_SPREAD`` either side.
   A PLD batch starts from the saddle-point accountant's estimate (``_starts``: one compiled
   program), within ~0.3% where this start is within ~1%: a setting's search in a batch then
   reads one PLD value less, worth the start's compilation. Its window reaches ``_SPREAD`` to
@@ -719,8 +720,9 @@ def _host_starts(opts, flat):
 def _host_pld_start(opts, flat, start, low, high):
   """(start, low, high) with ``start`` moved to where the PLD accountant's own discretisation,
   composed on the host (``pld.host``: nothing compiled), puts the answer, aimed inside the
-  certified search's band (its upper there lies within ~1e-5 relative of the certified one):
-  the search's reads then lie within ~1e-5 of each other, on one plan size, where from
+  certified search's band (its upper there lies within ~1e-5 relative of the certified one,
+  up to ~1e-2 at q ~1e-4 and a few steps: then the search reads more values): the search's
+  reads then lie within ~1e-5 of each other, on one plan size, where from
   ``start`` (1-4 % off) they straddled two or three sizes, each a compiled program, in 17 of
   25 random settings. The host may look ``_HOST_REACH`` beyond ``start`` (its reads compile
   nothing); an answer outside the window [``low``, ``high``] (within ``_NEAR``) moves the
@@ -742,17 +744,20 @@ def _host_pld_start(opts, flat, start, low, high):
     comp = _composition(*(np.float64(known[name][0]) for name in UNKNOWNS), opts.relation,
                         opts.full_batch)
     plan = _pld_plan(comp, other[0], eps_error=eps_error)
+    if not _fits(plan, opts):  # (the calibration would refuse it: no use estimating there)
+      raise ValueError("past MAX_PLAN_POINTS")
     epsilon, add = _pld_host.epsilon(comp, other[0], plan, directions or None)
     directions[:] = [add]
     with np.errstate(divide="ignore"):
       return np.atleast_1d(sign * (np.log(epsilon) - aim)), None
 
   try:
-    a, b, _, _, found = bracket_search(
-        evaluate, snap(start), step=_STEP, lower=reach[0], upper=reach[1], iters=_HOST_SEARCH,
-        tol=_TOL, whole=whole, ftol=_HOST_FTOL * _FTOL * margin,
-        safe_end="b" if sign > 0 else "a", slope=_first_slope(opts.unknown, opts.target))
-  except ValueError:  # (a plan past the host's size, or one the planner refuses)
+    with np.errstate(all="ignore"):  # (a start: round-off is no error, even under np.seterr)
+      a, b, _, _, found = bracket_search(
+          evaluate, snap(start), step=_STEP, lower=reach[0], upper=reach[1],
+          iters=_HOST_SEARCH, tol=_TOL, whole=whole, ftol=_HOST_FTOL * _FTOL * margin,
+          safe_end="b" if sign > 0 else "a", slope=_first_slope(opts.unknown, opts.target))
+  except (ValueError, ArithmeticError):  # (a plan past the host's or the calibration's size)
     return None
   if not found[0]:
     return None
@@ -768,8 +773,11 @@ def _rdp_start(opts, flat, clt):
   nothing compiled, ~1.5 s less on a process's first calibration), else by the RDP
   accountant's own compiled reads."""
   rdp_opts = dataclasses.replace(opts, accountant="rdp", eps_error=None)
-  read = _host_rdp_read if opts.relation == "add_remove" else _read
-  found = _search(rdp_opts, flat, clt, Window(None), _SEARCH, read)
+  if opts.relation != "add_remove":
+    found = _search(rdp_opts, flat, clt, Window(None), _SEARCH)
+  else:
+    with np.errstate(all="ignore"):  # (a start: round-off is no error, even under np.seterr)
+      found = _search(rdp_opts, flat, clt, Window(None), _SEARCH, _host_rdp_read)
   return np.where(found.found, found.value, np.nan)
 
 
@@ -781,8 +789,7 @@ def _host_rdp_read(opts, flat, x, plan):
   known = {"noise_multiplier": sigma, "sampling_rate": q, "steps": steps, opts.unknown: x}
   rate = np.ones_like(known["sampling_rate"]) if opts.full_batch else known["sampling_rate"]
   fn = _rdp.host_dpsgd_epsilon if opts.target == "epsilon" else _rdp.host_dpsgd_delta
-  with np.errstate(over="ignore", invalid="ignore"):
-    upper = fn(known["noise_multiplier"], rate, known["steps"], other)
+  upper = fn(known["noise_multiplier"], rate, known["steps"], other)
   return results.Bounds(np.full_like(upper, np.nan), upper, upper,
                         np.full(upper.shape, results.LOWER_VACUOUS, np.int32))
 

@@ -106,6 +106,16 @@ def test_one_setting_reads_the_front_door_and_compiles_one_program(monkeypatch, 
   assert eps * (1.0 - 2.5e-4) <= upper <= eps * (1.0 - 2e-4)  # (the aim, to its ftol)
 
 
+def test_the_host_starts_answer_under_numpys_raising_error_mode():
+  """The starts computed on the host (RDP at integer orders, the PLD by numpy's FFT) treat
+  round-off as round-off under ``np.seterr(all="raise")``: the calibration answers as it does
+  in numpy's default mode."""
+  plain = float(calibrate.noise_multiplier(2.0, 1e-5, 0.01, 1000))
+  with np.errstate(all="raise"):
+    raising = float(calibrate.noise_multiplier(2.0, 1e-5, 0.01, 1000))
+  assert raising == plain
+
+
 def _recording_plans(monkeypatch):
   """The windows and plan sizes of each search's plan (``calibrate._own_plan``'s results)."""
   calls, own_plan = [], calibrate._own_plan

@@ -5,10 +5,11 @@ Each step is discretised as the accountant discretises it (``discretise.split`` 
 numpy's FFT on the plan's ``fft_size`` points, and epsilon(delta) is read off the composed masses
 (the grid's losses above epsilon, in both directions where the loss is not symmetric). None of
 the accountant's certificates is computed (no allowance for the window's tails, aliasing or
-round-off), so this is an estimate of its upper bound, not a bound: a calibration starts its
-certified search there. Its reads are compiled programs, one per plan size, and a search whose
-reads straddle two plan sizes compiles two: from a start this close to the answer (~1e-5
-relative, against ~1-4 % for the central-limit and RDP start) they rarely do.
+round-off), so this is an estimate of its upper bound, not a bound (usually within ~1e-5
+relative of it; ~1e-2 at q ~1e-4 and a few steps, where the certificates weigh more): a
+calibration starts its certified search there. Its reads are compiled programs, one per plan
+size, and a search whose reads straddle two plan sizes compiles two: from a start this close
+to the answer (against ~1-4 % for the central-limit and RDP start) they rarely do.
 """
 
 from __future__ import annotations
@@ -80,8 +81,11 @@ def _epsilon_at(losses, masses, at_inf, delta):
     k = int(np.argmax(at_grid <= delta)) if np.any(at_grid <= delta) else losses.size
     if k == losses.size or at_inf > delta:
       return math.inf
-    ratio = (above[k] - delta) / tilted[k] if tilted[k] > 0.0 else math.inf
-    epsilon = math.log(ratio) if ratio > 0.0 else -math.inf  # (-inf: delta(eps) <= delta here)
+    if tilted[k] > 0.0:
+      ratio = (above[k] - delta) / tilted[k]
+      epsilon = math.log(ratio) if ratio > 0.0 else -math.inf  # (-inf: delta(eps) <= delta)
+    else:  # (no finite mass from l_k on: delta(eps) = above[k] on the segment)
+      epsilon = -math.inf if above[k] <= delta else losses[k]
   return max(float(np.clip(epsilon, losses[k - 1] if k else -math.inf, losses[k])), 0.0)
 
 
