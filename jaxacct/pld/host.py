@@ -63,9 +63,10 @@ def composed(composition, plan, add):
   needed = math.ceil((top - bottom) / h) + 1
   low = (math.floor(bottom / h) - (n - needed) // 2 if needed <= n
          else math.ceil(top / h) - n + 1)              # (the window's first grid index)
-  index = low + (np.arange(n) - (low - first)) % n     # (index i of the FFT holds grid index
-  order = np.argsort(index)                            #  first + i, modulo n)
-  return index[order] * h, masses[order], -math.expm1(log_finite)
+  # (index i of the FFT holds grid index first + i modulo n: the window's j-th, low + j, sits at
+  # i = j + low - first modulo n, a rotation)
+  losses = (low + np.arange(n, dtype=np.float64)) * h
+  return losses, np.roll(masses, first - low), -math.expm1(log_finite)
 
 
 def _epsilon_at(losses, masses, at_inf, delta):
