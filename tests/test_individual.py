@@ -602,10 +602,11 @@ def test_rdp_figure_matches_dp_accounting_rdp(dpsgd_report):
 def test_a_never_listed_example_counts_as_clipped(dpsgd_report):
   counter, state, _, grid, q = dpsgd_report
   from jaxacct.individual import dpsgd
-  counts = np.zeros((2, grid.size), np.int64)
-  counts[0, 5] = 30  # listed 30 of 40 steps
-  report = dpsgd.per_example_privacy(counts, 40, grid, q, 1e-5)
-  alone = dpsgd.per_example_privacy(np.array([[40] + [0] * (grid.size - 1)] * 2), 40, grid, q,
+  # (the fixture's 20 examples and 80 steps: the report's programs are the fixture's)
+  counts = np.zeros((20, grid.size), np.int64)
+  counts[0, 5] = 60  # listed 60 of 80 steps
+  report = dpsgd.per_example_privacy(counts, 80, grid, q, 1e-5)
+  alone = dpsgd.per_example_privacy(np.array([[80] + [0] * (grid.size - 1)] * 20), 80, grid, q,
                                     1e-5)
   assert float(report.pld.upper[1]) == float(alone.pld.upper[1])
   assert float(report.pld.upper[0]) < float(report.pld.upper[1])
