@@ -13,6 +13,7 @@ libraries are test-only dependencies). Comparisons use only what the references 
 grows when the grid is refined, by ~1e-4.)
 """
 
+import jax
 import numpy as np
 import pytest
 
@@ -27,18 +28,17 @@ def _is_dpsgd(row):
 
 
 def _buckets(rows, spread=2.0):
-  """``rows`` in buckets of FFT sizes (each row's own default plan) within ``spread`` of each
-  other, smallest first. (Within 2x: 9 buckets ran in 79 s, within 4x 5 in 114 s: a bucket
-  runs each of its settings at its largest FFT.)"""
+  """``rows`` in buckets whose own default plans' FFT sizes lie within ``spread`` of each other,
+  smallest first: [(row, its own plan), ...] each."""
   from jaxacct.pld import make_plan
-  sized = sorted((make_plan(composition(row), row["delta"]).fft_size, i)
-                 for i, row in enumerate(rows))
+  planned = sorted(((make_plan(composition(row), row["delta"]), i) for i, row in enumerate(rows)),
+                   key=lambda pair: (pair[0].fft_size, pair[1]))
   buckets, first = [], None
-  for fft, i in sized:
-    if first is None or fft > spread * first:
+  for plan, i in planned:
+    if first is None or plan.fft_size > spread * first:
       buckets.append([])
-      first = fft
-    buckets[-1].append(rows[i])
+      first = plan.fft_size
+    buckets[-1].append((rows[i], plan))
   return buckets
 
 
@@ -46,21 +46,29 @@ DPSGD_BUCKETS = _buckets([row for row in REFERENCES if _is_dpsgd(row)])
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("rows", DPSGD_BUCKETS,
-                         ids=lambda rows: f"{len(rows)}-from-{label(rows[0])}")
-def test_dpsgd_settings_bracket_the_references_in_batches(rows):
-  """The DP-SGD rows (57 of the 67), a bucket of settings whose own plans are within 2x in FFT
-  size at a time: one front-door call, each setting on its own window with the bucket's static
-  sizes (``plan.batch_plan``: its grid refined to the shared FFT, never coarsened), through the
-  single-setting programs a call of its own runs. Nine buckets compile nine programs where 57
-  calls compiled 57 (~6 s each; the file 491 -> ~180 s of a worker's time)."""
-  sigma, q, steps = (np.array([row["entries"][0][i] for row in rows]) for i in range(3))
-  delta = np.array([row["delta"] for row in rows])
-  comp = jaxacct.Composition.of((jaxacct.PoissonSampled(jaxacct.Gaussian(sigma), q), steps))
-  r = jaxacct.epsilon(comp, delta)
-  for i, row in enumerate(rows):
-    _assert_meets(row, float(r.lower[i]), float(r.estimate[i]), float(r.upper[i]),
-                  int(r.status[i]), label(row))
+@pytest.mark.parametrize("bucket", DPSGD_BUCKETS,
+                         ids=lambda bucket: f"{len(bucket)}-from-{label(bucket[0][0])}")
+def test_dpsgd_settings_bracket_the_references_on_shared_sizes(bucket):
+  """The 57 DP-SGD rows, a bucket of settings whose own default plans are within 2x in FFT size
+  at a time. Each setting is one front-door call (``jaxacct.epsilon(..., plan=...)``) on its own
+  plan with the bucket's static sizes (``plan.stack_plans``): its own window, tails and band
+  needs, its grid step divided by the bucket's largest FFT over its own (1-2x finer). The
+  front door then runs the band, one program or two as it chooses on that plan: the 9 settings
+  their own calls answer from the band and the 2 they run as two programs take the same path
+  here (and 8 others move to one of those on the larger sizes). A bucket compiles one program a
+  path where each setting compiled its own (~6 s each under the suite's load; the file took
+  491 s of a worker's time in the suite, 112 s alone now). The default plan's own grid step is
+  checked by the ten rows below and test_closed_forms' tightness tests."""
+  from jaxacct.pld import plan as _plan
+  shared = _plan.stack_plans([own for _, own in bucket])
+  for i, (row, own) in enumerate(bucket):
+    plan = jax.tree_util.tree_map(lambda leaf: leaf[i], shared)
+    assert plan.fft_size * float(plan.grid_step) == pytest.approx(
+        own.fft_size * float(own.grid_step), rel=1e-12)  # (its own window)
+    assert float(own.grid_step) / 2 <= float(plan.grid_step) <= float(own.grid_step)
+    r = jaxacct.epsilon(composition(row), row["delta"], plan=plan)
+    _assert_meets(row, float(r.lower), float(r.estimate), float(r.upper), int(r.status),
+                  label(row))
 
 
 @pytest.mark.slow
