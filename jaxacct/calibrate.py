@@ -748,8 +748,7 @@ def _host_pld_start(opts, flat, start, low, high):
       raise ValueError("past MAX_PLAN_POINTS")
     epsilon, add = _pld_host.epsilon(comp, other[0], plan, directions or None)
     directions[:] = [add]
-    with np.errstate(divide="ignore"):
-      return np.atleast_1d(sign * (np.log(epsilon) - aim)), None
+    return np.atleast_1d(sign * (np.log(epsilon) - aim)), None  # (log 0: the search's errstate)
 
   try:
     with np.errstate(all="ignore"):  # (a start: round-off is no error, even under np.seterr)
