@@ -6,8 +6,6 @@
   in one loop that evaluates the function once per iteration (calibration: each value is a
   certified accountant, and the function is compiled once); on real or whole-number unknowns.
 * ``bisect``: plain bisection of an increasing function (placing quadrature nodes; no gradient).
-* ``narrow_whole``: where a predicate on whole numbers stops holding, for a batch of brackets,
-  by batched reads of evenly spaced points (a PLD band's crossing cells; no gradient).
 * ``furthest_holding`` and ``largest_whole``: on the host, where a predicate stops holding
   (calibration: the widest accuracy plan within a size budget, the last whole step that fits).
 * ``implicit_root``: differentiates a root by the implicit-function theorem
@@ -229,43 +227,24 @@ def bisect(increasing, lo, hi, steps=30):
   return jax.lax.fori_loop(0, steps, halve, (lo, hi))
 
 
-def narrow_whole(read, above, ends, size, fanout):
+def bisect_whole(read, above, ends):
   """Adjacent whole numbers lo, hi = lo + 1 between which a monotone predicate stops holding,
-  for a batch of brackets ``ends`` = (lo [C], read(lo), hi [C], read(hi)) with ``above`` true
-  at each lo and false at each hi (taken as given, unchecked), hi - lo <= ``size``. Each step
-  reads ``fanout`` evenly spaced points of every bracket at once (``read`` of a [C, fanout]
-  array of whole numbers; ``above`` of its result, [C, fanout] booleans) and keeps the piece
-  ending at the first point where ``above`` fails: a fixed ceil(log_{fanout+1} size) steps,
-  each one batched read, where a bisection takes log2 size dependent reads. Each end carries
-  what ``read`` returned there (a pytree), so a caller has its values at the crossing without
-  reading them again. Reads that are nan count as not above (it still ends, adjacent). No
-  gradient flows (it places a cell)."""
-  steps = 0
-  while (fanout + 1) ** steps < size:
-    steps += 1
-  offsets = jnp.arange(1, fanout + 1)
-
-  def narrow(_, ends):
+  by bisection of ``ends`` = (lo, read(lo), hi, read(hi)) with ``above(read(lo))`` true and
+  ``above(read(hi))`` false (ends taken as given, unchecked). Each end carries what ``read``
+  returned there (a pytree), so a caller has its values at the crossing without reading them
+  again. Halves until the ends are adjacent (a while loop: a bracket found near its answer costs
+  a few reads, not a fixed count); integer ends always shrink, so it stops (after at most
+  log2(hi - lo) + 1 reads, also where reads are nan). No gradient flows (it places a cell)."""
+  def halve(ends):
     lo, at_lo, hi, at_hi = ends
-    stride = jnp.maximum((hi - lo + fanout) // (fanout + 1), 1)     # ceil((hi - lo) / (F + 1))
-    points = lo[:, None] + stride[:, None] * offsets                 # [C, F], increasing
-    inside = points < hi[:, None]
-    points = jnp.where(inside, points, hi[:, None])
-    pick = lambda c, a, b: jax.tree_util.tree_map(
-        lambda x, y: jnp.where(c.reshape(c.shape + (1,) * (x.ndim - c.ndim)), x, y), a, b)
-    at_points = pick(inside, read(points), jax.tree_util.tree_map(lambda y: y[:, None], at_hi))
-    # [lo, points..., hi]: above at lo, not at hi; the first point where it fails ends the piece.
-    line = lambda a, mid, b: jnp.concatenate([a[:, None], mid, b[:, None]], axis=1)
-    every = jax.tree_util.tree_map(line, at_lo, at_points, at_hi)
-    holds = line(jnp.ones_like(lo, bool), inside & above(at_points), jnp.zeros_like(lo, bool))
-    first = jnp.argmin(holds, axis=1)                                # in 1 ... F + 1
-    take = lambda x, i: jnp.take_along_axis(
-        x, i.reshape(i.shape + (1,) * (x.ndim - 1)), axis=1)[:, 0]
-    at = lambda i: jax.tree_util.tree_map(lambda x: take(x, i), every)
-    positions = line(lo, points, hi)
-    return take(positions, first - 1), at(first - 1), take(positions, first), at(first)
+    mid = (lo + hi) // 2
+    at_mid = read(mid)
+    up = above(at_mid)
+    pick = lambda a, b: jax.tree_util.tree_map(lambda x, y: jnp.where(up, x, y), a, b)
+    return jnp.where(up, mid, lo), pick(at_mid, at_lo), jnp.where(up, hi, mid), pick(at_hi,
+                                                                                       at_mid)
 
-  return jax.lax.fori_loop(0, steps, narrow, ends)
+  return jax.lax.while_loop(lambda ends: ends[2] - ends[0] > 1, halve, ends)
 
 
 def furthest_holding(holds, good, bad, steps=6, geometric=False):

@@ -132,10 +132,10 @@ def _tail_deltas(pmf, h):
 @pytest.mark.parametrize("offsets", [(-2, 0, 3), (-30, 0, 40), (-700, 0, 900), (-10**6, 0, 800),
                                      (400, 0, -50), (-3, 0, 1400)])
 def test_spectral_sums_find_each_targets_crossing(offsets):
-  """A band's crossings of three targets at once (one search, each target's bracket narrowed
-  on its own: targets a few boundaries apart, tens, hundreds, on either side of the middle
-  one; a target above d(0) crosses at 0) against the first boundary where a long-double d of
-  the pmf the band holds falls to each target, with the cell's values."""
+  """A band's crossings of three targets at once (the middle one bisected, the others searched
+  near it: within the first reach, the second, beyond both, on either side; a target above
+  d(0) crosses at 0) against the first boundary where a long-double d of the pmf the band holds
+  falls to each target, with the cell's values."""
   n, h = 5000, 0.003
   gauss = np.exp(-0.5 * ((np.arange(n) - 2500) / 250.0) ** 2)
   band = np.fft.rfft(gauss / gauss.sum())[:48] * np.where(np.arange(48) == 0, 1.0, 2.0) / n

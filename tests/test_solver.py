@@ -282,28 +282,21 @@ def test_host_searches_find_where_a_predicate_stops_holding():
   assert largest_whole(lambda t: t <= 1e6, np.array([1.0]), 1.0, 1.0, 1e7, reads=5) is None
 
 
-@pytest.mark.parametrize("fanout", [1, 3, 7])
-def test_whole_narrowing_carries_each_ends_reads(fanout):
-  """``narrow_whole`` stops at adjacent ends around the first whole number where a decreasing
-  sequence falls to each of several levels (brackets of their own, one at the start, one at
-  the end, one already adjacent), each end holding its own read (carried, not read again);
-  reads that are nan still end it, adjacent."""
+@pytest.mark.parametrize("level, first", [(0.0, 500), (3.3, 335), (9.99, 1), (-9.99, 1000)])
+def test_whole_bisection_carries_each_ends_reads(level, first):
+  """``bisect_whole`` stops at adjacent ends around the first whole number where a decreasing
+  sequence falls to a level, each end holding its own read (carried, not read again); reads
+  that are nan still end it."""
   values = jnp.asarray(np.linspace(10.0, -10.0, 1001))
   read = lambda b: (values[b], 3 * b)
-  levels = jnp.asarray([0.0, 3.3, 9.99, -9.99, 0.0, 5.0])
-  firsts = [500, 335, 1, 1000, 500, 250]
-  lo = jnp.asarray([0, 0, 0, 0, 400, 249])
-  hi = jnp.asarray([1000, 1000, 1000, 1000, 700, 250])
-  above = lambda at: at[0] > levels[:, None]
+  above = lambda at: at[0] > level
+  ends = (jnp.asarray(0), read(0), jnp.asarray(1000), read(1000))
   with jax.enable_x64(True):
-    narrowed = jax.jit(lambda e: _solver.narrow_whole(read, above, e, 1000, fanout))
-    lo, at_lo, hi, at_hi = narrowed((lo, read(lo), hi, read(hi)))
-  np.testing.assert_array_equal(lo, np.array(firsts) - 1)
-  np.testing.assert_array_equal(hi, firsts)
-  np.testing.assert_array_equal(at_lo[0], np.asarray(values)[np.array(firsts) - 1])
-  np.testing.assert_array_equal(at_hi[1], 3 * np.array(firsts))
+    lo, at_lo, hi, at_hi = jax.jit(lambda e: _solver.bisect_whole(read, above, e))(ends)
+  assert (int(lo), int(hi)) == (first - 1, first)
+  assert float(at_lo[0]) == float(values[first - 1]) and int(at_lo[1]) == 3 * (first - 1)
+  assert float(at_hi[0]) == float(values[first]) and int(at_hi[1]) == 3 * first
   nan_read = lambda b: (jnp.nan * b, b)
-  ends = (jnp.asarray([0]), nan_read(jnp.asarray([0])), jnp.asarray([1000]),
-          nan_read(jnp.asarray([1000])))
-  lo, _, hi, _ = _solver.narrow_whole(nan_read, lambda at: at[0] > 0.0, ends, 1000, fanout)
-  assert (int(lo[0]), int(hi[0])) == (0, 1)
+  lo, _, hi, _ = _solver.bisect_whole(nan_read, above, (jnp.asarray(0), nan_read(0),
+                                                        jnp.asarray(1000), nan_read(1000)))
+  assert (int(lo), int(hi)) == (0, 1)

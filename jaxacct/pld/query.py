@@ -29,7 +29,7 @@ import numpy as np
 
 from jaxacct import results
 from jaxacct._numerics import F64_EPS
-from jaxacct._solver import implicit_root, narrow_whole, newton_in_bracket
+from jaxacct._solver import bisect_whole, implicit_root, newton_in_bracket
 from jaxacct.results import Bounds
 
 
@@ -242,39 +242,57 @@ class _SpectralSums:
     return mass, mass - weighted
 
   def crossings(self, targets):
-    """``_TailSums.crossing`` of each of a few targets (an epsilon query's placements): the
-    first boundary k with d(k) <= target (d(N) = 0) and the cell i = max(k - 1, 0), all the
-    targets in one search (``_solver.narrow_whole``: ``_FANOUT`` boundaries of each bracket
-    read a step as one matrix product, ceil(log_{F+1} N) steps). Each bracket end carries its
-    parts, so the cell's values need no reads of their own."""
-    count = targets.shape[0]
-    read = lambda b: jnp.stack(self._at(b), axis=-1)                   # [..., 3]: one array
-    at_first = read(jnp.zeros((), jnp.int64))
-    last = jnp.full((), self.n, jnp.int64)
-    at_last = jnp.stack(self.parts(last, jnp.real(jnp.sum(self.coef, axis=0))))  # z^N = 1
-    spread = lambda x: jnp.broadcast_to(x, (count,) + x.shape)
-    ends = (jnp.zeros(count, jnp.int64), spread(at_first), jnp.full(count, self.n, jnp.int64),
-            spread(at_last))
-    above = lambda at: at[..., 0] - at[..., 1] > targets[:, None]
-    lo, at_lo, hi, at_hi = narrow_whole(read, above, ends, self.n, _FANOUT)
-    unstack = lambda at: tuple(jnp.moveaxis(at, -1, 0))
-    ends = lo, unstack(at_lo), hi, unstack(at_hi)
-    at_first = unstack(at_first)
-    return jax.vmap(self._cell, (0, 0, None))(targets, ends, at_first)
+    """``_TailSums.crossing`` of each of a few close targets (an epsilon query's placements, the
+    middle one the anchor): the first boundary k with d(k) <= target (d(N) = 0) and the cell
+    i = max(k - 1, 0). The anchor's by bisection over all the boundaries, one read a step; each
+    other target's in a bracket near it (``_near``: two reads, then a bisection of mostly 2
+    steps): ~25 reads where a bisection per target took 60. Each bracket end carries its parts,
+    so the cell's values need no reads of their own."""
+    first, last = jnp.zeros((), jnp.int64), jnp.full((), self.n, jnp.int64)
+    whole = (first, self._at(first), last,
+             self.parts(last, jnp.real(jnp.sum(self.coef, axis=0))))      # z^N = 1
+    anchor = targets.shape[0] // 2
+    found = self._bisect(targets[anchor], whole)
+    others = jnp.concatenate([targets[:anchor], targets[anchor + 1:]])
+    near = jax.vmap(lambda t: self._bisect(t, self._near(t, found, whole)))(others)
+    ends = jax.tree_util.tree_map(
+        lambda a, b: jnp.concatenate([a[:anchor], b[None], a[anchor:]]), near, found)
+    return jax.vmap(self._cell, (0, 0, None))(targets, ends, whole[1])
+
+  def _bisect(self, target, ends):
+    """``bisect_whole`` of the bracket ``ends`` = (lo, its parts, hi, its parts) of the
+    boundaries, d(lo) > target >= d(hi) (lo = 0 unchecked)."""
+    return bisect_whole(self._at, lambda parts: _d(parts) > target, ends)
+
+  def _near(self, target, found, whole):
+    """A bracket of ``target``'s crossing from the anchor's (``found``), on the side where d
+    there says it lies: ends ``_REACHES`` boundaries out are read in turn, and the first whose
+    d confirms the crossing lies within reach bounds it; beyond them all, the side's end."""
+    _, _, k, at_k = found
+    below = _d(at_k) <= target                      # the target's crossing is at or before k
+    pick = lambda c, a, b: jax.tree_util.tree_map(lambda x, y: jnp.where(c, x, y), a, b)
+    inner, outer, settled = (k, at_k), pick(below, whole[:2], whole[2:]), False
+    for reach in _REACHES:
+      end = jnp.where(below, jnp.maximum(k - reach, 0), jnp.minimum(k + reach, self.n))
+      point = (end, self._at(end))
+      confirmed = (_d(point[1]) > target) == below
+      outer = pick(~settled & confirmed, point, outer)
+      inner = pick(~settled & ~confirmed, point, inner)
+      settled = settled | confirmed
+    return pick(below, outer, inner) + pick(below, inner, outer)
 
   @staticmethod
   def _cell(target, ends, at_zero):
-    """``crossing``'s result from a narrowed bracket (k = 0 where d(0) <= target)."""
+    """``crossing``'s result from a bisected bracket (k = 0 where d(0) <= target)."""
     _, at_lo, hi, at_hi = ends
     k = jnp.where(_d(at_zero) > target, hi, 0)
     mass_right, weighted_right, p_i = at_hi
     return k, jnp.maximum(k - 1, 0), (_d(at_lo), _d(at_hi)), mass_right, weighted_right, p_i
 
 
-# Boundaries of each bracket read a step of a band's crossing search (4 pieces a step: 10 steps
-# for the default DP-SGD setting's 327,680 boundaries). The search's kernels are the same for
-# any fanout; per-example reports ran fastest at 1 to 3, 7 and 15 cost them 20-30 % (12-04).
-_FANOUT = 3
+# Reaches (in boundaries) from the anchor's crossing at which the others' are looked for: an
+# epsilon query's placements cross mostly within 3 boundaries of each other, a few up to ~50.
+_REACHES = (4, 64)
 
 
 def _d(parts):
