@@ -465,6 +465,7 @@ def main(argv=None) -> int:
     return _cache(args)
   compile_cache.enable(min_compile_secs=0.0)  # (every program: this process is the command's)
   import jaxacct
+  from jaxacct.pld.accountant import answering_once
 
   if args.command in ("demo", "report"):
     try:
@@ -477,11 +478,12 @@ def main(argv=None) -> int:
   if _is_group(args):
     setting = {**_group_setting(args), "relation": args.relation}
   try:
-    if args.command == "calibrate":
-      return _calibrate(jaxacct, args)
-    if args.command == "compare":
-      return _compare(jaxacct, args, setting)
-    result = _query(jaxacct, args, args.accountant, args.method)
+    with answering_once():  # (one question: the programs that compile fastest)
+      if args.command == "calibrate":
+        return _calibrate(jaxacct, args)
+      if args.command == "compare":
+        return _compare(jaxacct, args, setting)
+      result = _query(jaxacct, args, args.accountant, args.method)
   except ValueError as err:
     print(f"jaxacct: error: {err}", file=sys.stderr)
     return 2

@@ -169,6 +169,18 @@ def test_the_command_ends_its_process_after_writing_everything(tmp_path):
   assert refused.returncode == 2 and not refused.stdout and "delta" in refused.stderr
 
 
+def test_a_command_answers_from_the_programs_that_compile_fastest(monkeypatch, capsys):
+  """A command answers inside ``answering_once`` (a large setting from its full PLD, not first
+  from the PLD's band, whose program compiles longer); the library outside it as before."""
+  from jaxacct.pld import accountant
+  seen, as_band = [], accountant._as_band
+  monkeypatch.setattr(accountant, "_as_band", lambda *a: seen.append(
+      accountant._ONE_ANSWER.get()) or as_band(*a))
+  assert jaxacct.cli.main(["epsilon", "--steps", "100", "--json"]) == 0
+  assert json.loads(capsys.readouterr().out)["steps"] == 100
+  assert seen == [True] and not accountant._ONE_ANSWER.get()
+
+
 def test_the_command_compiles_quickly_unless_the_user_chose(monkeypatch):
   """The console script's process compiles with XLA's elemental emitters (``run`` sets the flag
   before ``main`` starts JAX; ``demo``, which trains, keeps XLA's defaults); the user's other

@@ -13,6 +13,9 @@ caller's ``plan`` serves every setting.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -106,6 +109,26 @@ _compose = fast_jit(scoped_gradients(_compose_pure), exported="pld.compose")
 _BAND_ROUND_OFF_SHARE = 0.1
 
 
+# Set within ``answering_once``: a setting is never first answered from its band.
+_ONE_ANSWER = contextvars.ContextVar("jaxacct_one_answer", default=False)
+
+
+@contextlib.contextmanager
+def answering_once():
+  """Within this context the front door answers a single setting from its full PLD (one
+  program, or two), never first from the PLD's band: for a process that answers one question
+  (the command line), where compiling is most of its time. The band's program runs ~1.5-2x
+  faster warm but compiles ~0.3-0.4 s slower at T = 10^4 (12-05, quick-compile flags: trace,
+  lowering and compilation 2.97-3.15 s against 2.68 s for the two programs). The bounds are
+  the full PLD's: the band's carry its sums' round-off allowance as well (upper 6.1877237472
+  against 6.1877237481 at the command line's default setting)."""
+  token = _ONE_ANSWER.set(True)
+  try:
+    yield
+  finally:
+    _ONE_ANSWER.reset(token)
+
+
 def _as_band(composition, plan) -> bool:
   """Whether one setting is first answered from its PLD kept as its band (``_band_single``): on
   CPU, where the plan drops the spectrum above a band, the single program's temporaries pass
@@ -113,6 +136,8 @@ def _as_band(composition, plan) -> bool:
   cost most: 0.39-0.70x the time of the better of the one program and the two, 12-03, T 10^4 to
   10^5; the same bounds to ~1e-9 relative at delta 1e-5) and the band's sums' round-off is a
   small share of the delta the plan serves (``spectrum.band_round_off``)."""
+  if _ONE_ANSWER.get():
+    return False
   single, _ = _temporaries(composition, plan)
   slack = 100.0 * float(np.min(np.exp(np.asarray(plan.log_window_tail, np.float64))))
   return (jax.default_backend() == "cpu" and plan.band < plan.fft_size // 2 + 1
