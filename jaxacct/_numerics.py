@@ -332,6 +332,13 @@ def fast_jit(fn, exported=None, **kwargs):
       return _exported.call(exported, fn, jitted, args)
     return jitted(*args, **kw)
 
+  # With ``exported``: ``call.output_specs(*args)``, the shapes of the outputs from the export
+  # (None without one); ``call.prepare(*args)``, the program for such arguments (values or
+  # shapes) made on a thread of its own meanwhile (``_exported.prepare``).
+  call.output_specs = lambda *args: (_exported.output_specs(exported, fn, args)
+                                     if exported and not is_traced(args) else None)
+  call.prepare = lambda *args: (_exported.prepare(exported, fn, args)
+                                if exported and not is_traced(args) else None)
   return call
 
 

@@ -187,6 +187,12 @@ class _OneSetting:
 
   def _full(self, composition, x, plan):
     if not is_traced((composition, x, plan)) and _in_two_programs(composition, plan):
+      # (each program made on a thread of its own, the query's from the PLD's shapes read off
+      # the composition's export: a first answer compiles the two side by side)
+      shapes = _compose.output_specs(composition, plan)
+      if shapes is not None:
+        _compose.prepare(composition, plan)
+        self.query.prepare(shapes, x)
       return self.query(_compose(composition, plan), x)
     return self.fused(composition, x, plan)
 
