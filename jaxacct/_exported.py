@@ -135,16 +135,17 @@ def _save(path, blob, tree):
     pass  # (a read-only cache: this process still runs its export)
 
 
-def _program(fn, in_tree, leaves, path):
-  """The ``_Program`` of the export for these arguments: read from ``path``, else exported now
-  and saved there; None where it cannot be (an unexportable operation)."""
+def _program(fn, in_tree, leaves, path, options=None):
+  """The ``_Program`` of the export for these arguments (compiled with the XLA ``options``
+  where given): read from ``path``, else exported now and saved there; None where it cannot be
+  (an unexportable operation)."""
   saved = _load(path)
   try:
     if saved is None:
       saved = _export(fn, in_tree, leaves)
       _save(path, *saved)
     exported = jax.export.deserialize(bytearray(saved[0]))
-    return _Program(jax.jit(exported.call), saved[1],
+    return _Program(jax.jit(exported.call, compiler_options=options), saved[1],
                     [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in exported.out_avals])
   except Exception:  # pylint: disable=broad-except  (the plain jitted call serves instead)
     return None
@@ -155,7 +156,7 @@ def active() -> bool:
   return not compile_cache.disabled() and compile_cache.enable() is not None and _serialisable()
 
 
-def _entry(name, fn, args):
+def _entry(name, fn, args, options):
   """(key, flat leaves, the ``_Program`` or None) for these arguments (concrete values or
   ``jax.ShapeDtypeStruct``), made (exported or read) where this process has none yet; a
   program still being made by ``prepare`` is waited for."""
@@ -163,7 +164,7 @@ def _entry(name, fn, args):
   leaves = [_leaf(leaf) for leaf in leaves]
   key = _key(name, in_tree, leaves)
   if key not in PROGRAMS:
-    PROGRAMS[key] = _program(fn, in_tree, leaves, _path(key))
+    PROGRAMS[key] = _program(fn, in_tree, leaves, _path(key), options)
   if isinstance(PROGRAMS[key], concurrent.futures.Future):
     PROGRAMS[key] = PROGRAMS[key].result()
   return key, leaves, PROGRAMS[key]
@@ -173,13 +174,13 @@ def _path(key):
   return os.path.join(compile_cache.directory(), "exports", f"{key}.export")
 
 
-def call(name, fn, jitted, args):
+def call(name, fn, jitted, args, options=None):
   """``fn(*args)`` on concrete ``args``: through the program exported for their structure
   (this process's, or one saved by an earlier process), or ``jitted`` where the cache is off or
   the export cannot be made or read (that once, then always ``jitted`` for it)."""
   if not active():
     return jitted(*args)
-  key, leaves, program = _entry(name, fn, args)
+  key, leaves, program = _entry(name, fn, args, options)
   if program is None:
     return jitted(*args)
   try:
@@ -190,18 +191,18 @@ def call(name, fn, jitted, args):
   return jax.tree_util.tree_unflatten(program.out_tree, out)
 
 
-def output_specs(name, fn, args):
+def output_specs(name, fn, args, options=None):
   """The shapes and dtypes of ``fn(*args)`` (a tree of ``jax.ShapeDtypeStruct``) from the
   program's export (made or read now, not compiled); None where calls do not go through
   exports."""
   if not active():
     return None
-  program = _entry(name, fn, args)[2]
+  program = _entry(name, fn, args, options)[2]
   return None if program is None else jax.tree_util.tree_unflatten(program.out_tree,
                                                                     program.out_specs)
 
 
-def prepare(name, fn, args):
+def prepare(name, fn, args, options=None):
   """Compiles ``fn``'s program for arguments like ``args`` (values or ``jax.ShapeDtypeStruct``)
   on a thread of its own: exported (or read) and lowered here, then compiled there while the
   caller goes on (XLA's compiler releases Python's lock), so that programs prepared one after
@@ -219,7 +220,7 @@ def prepare(name, fn, args):
     return  # (plain jit serves it, it is compiling, or it is compiled)
   try:
     with jax.enable_x64(True):
-      program = known or _program(fn, in_tree, specs, _path(key))
+      program = known or _program(fn, in_tree, specs, _path(key), options)
       lowered = None if program is None else program.run.lower(*specs)
   except Exception:  # pylint: disable=broad-except  (``call`` makes it, or plain jit serves)
     return

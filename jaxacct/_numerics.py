@@ -309,17 +309,19 @@ def fast_jit(fn, exported=None, **kwargs):
 
   Under a caller's trace the caller compiles everything, and a nested jit would be re-traced by
   batching after the float64 scope has closed (``vmap(jit(f))``). (XLA's CPU option
-  ``xla_cpu_use_fusion_emitters=False`` compiles ~25-40% faster and runs ~10-20% slower. The
-  looser upper, not monotone in delta, that its round-off exposed was measured to be a root
-  Newton reached and then left by bisecting on round-off steps, which
-  ``_solver.newton_in_bracket`` now ends on. No compiler options are set here: the command
-  line and the suite set that one for their processes, ``cli.quick_compile_flags``.) The first
-  top-level call turns on the persistent compilation cache (``compile_cache.enable``): the next
-  process reads the programs back instead of compiling them. ``exported``, a name unique to
-  ``fn`` (for positional arguments only): the next process also skips the tracing
-  (``_exported``: a warm first answer's main cost).
+  ``xla_cpu_use_fusion_emitters=False`` compiles ~25-40% faster and runs within ~15% either
+  way. The looser upper, not monotone in delta, that its round-off exposed was measured to be
+  a root Newton reached and then left by bisecting on round-off steps, which
+  ``_solver.newton_in_bracket`` now ends on. The command line and the suite set it for their
+  processes, ``cli.quick_compile_flags``; the programs of first answers set it for themselves,
+  ``compiler_options=compile_cache.quick_options()``.) The first top-level call turns on the
+  persistent compilation cache (``compile_cache.enable``): the next process reads the programs
+  back instead of compiling them. ``exported``, a name unique to ``fn`` (for positional
+  arguments only): the next process also skips the tracing (``_exported``: a warm first
+  answer's main cost).
   """
   jitted = jax.jit(fn, **kwargs)
+  options = kwargs.get("compiler_options")
   _JITTED.append(jitted)
 
   @functools.wraps(fn)
@@ -329,15 +331,15 @@ def fast_jit(fn, exported=None, **kwargs):
     compile_cache.enable()
     release_programs()
     if exported and not kw:
-      return _exported.call(exported, fn, jitted, args)
+      return _exported.call(exported, fn, jitted, args, options)
     return jitted(*args, **kw)
 
   # With ``exported``: ``call.output_specs(*args)``, the shapes of the outputs from the export
   # (None without one); ``call.prepare(*args)``, the program for such arguments (values or
   # shapes) made on a thread of its own meanwhile (``_exported.prepare``).
-  call.output_specs = lambda *args: (_exported.output_specs(exported, fn, args)
+  call.output_specs = lambda *args: (_exported.output_specs(exported, fn, args, options)
                                      if exported and not is_traced(args) else None)
-  call.prepare = lambda *args: (_exported.prepare(exported, fn, args)
+  call.prepare = lambda *args: (_exported.prepare(exported, fn, args, options)
                                 if exported and not is_traced(args) else None)
   return call
 

@@ -504,7 +504,7 @@ def main(argv=None) -> int:
   return 0
 
 
-_QUICK_COMPILE = "--xla_cpu_use_fusion_emitters=false"
+_QUICK_COMPILE = f"--{compile_cache.EMITTERS_OPTION}=false"
 
 
 def quick_compile_flags(flags: str) -> str:
@@ -513,7 +513,7 @@ def quick_compile_flags(flags: str) -> str:
   ~1.5-2.5 s less (of ~4-6 s with an empty cache) and runs ~10-20 % slower warm; the answers
   agree to round-off (~1e-12 relative, 1.6e-8 at most on 23 stored settings; docs/cli.md). A
   choice the user made is kept."""
-  if "xla_cpu_use_fusion_emitters" in flags:
+  if compile_cache.EMITTERS_OPTION in flags:
     return flags
   return " ".join(filter(None, [flags, _QUICK_COMPILE]))
 

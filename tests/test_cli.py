@@ -237,6 +237,20 @@ def test_the_command_compiles_quickly_unless_the_user_chose(monkeypatch):
                   "--xla_cpu_enable_fast_math=false", 0]
 
 
+def test_first_answer_programs_compile_quickly_unless_the_user_chose(monkeypatch):
+  """The library's programs of one setting's full PLD compile with the elemental emitters of
+  their own (``compile_cache.quick_options``, XLA options for one program), unless the user's
+  XLA_FLAGS name the emitters; the command line's flag is the same option."""
+  from jaxacct import compile_cache
+  monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
+  assert compile_cache.quick_options() == {"xla_cpu_use_fusion_emitters": False}
+  monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_use_fusion_emitters=true")
+  assert compile_cache.quick_options() == {}
+  monkeypatch.delenv("XLA_FLAGS")
+  assert compile_cache.quick_options() == {"xla_cpu_use_fusion_emitters": False}
+  assert jaxacct.cli.quick_compile_flags("") == "--xla_cpu_use_fusion_emitters=false"
+
+
 def test_package_imports_its_names_on_first_use():
   """``import jaxacct`` imports no JAX; each public name is the object its module defines, and
   ``dir`` lists them all."""

@@ -464,19 +464,20 @@ def test_a_batch_answers_each_setting_as_it_would_alone_on_its_plan_row():
     np.testing.assert_allclose(getattr(batch, name), getattr(mapped, name), rtol=1e-12)
 
 
-def test_one_setting_runs_as_two_programs_where_one_would_fault_in_its_memory(monkeypatch):
-  """On CPU the front door composes and queries one setting as two programs where the single
-  program's temporaries would pass glibc's 32 MiB (T = 10^4 at q = 0.01) and the query's alone
-  would not; either way the answer is the single program's, bit for bit (epsilon of DP-SGD,
-  delta of a symmetric composition of two entries), and under a caller's grad the one program
-  is traced."""
+def test_one_setting_runs_as_two_programs_unless_its_query_would_fault_in_its_memory(
+    monkeypatch):
+  """On CPU the front door composes and queries one setting as two programs (compiled side by
+  side for a first answer) unless the query's temporaries alone would pass glibc's 32 MiB (a
+  Gaussian composed 10^4 times at sigma 20: 1,310,720 grid points); either way the answer is
+  the single program's, bit for bit (epsilon of DP-SGD, delta of a symmetric composition of two
+  entries), and under a caller's grad the one program is traced."""
   from jaxacct.pld import accountant
   with jax.enable_x64(True):
-    default = jaxacct.dpsgd_composition(1.0, 0.01, 10_000)
-    assert accountant._in_two_programs(default, jaxacct.make_plan(default, 1e-5)) == (
-        jax.default_backend() == "cpu")
     small = jaxacct.dpsgd_composition(1.0, 0.01, 1_000)
-    assert not accountant._in_two_programs(small, jaxacct.make_plan(small, 1e-5))
+    assert accountant._in_two_programs(small, jaxacct.make_plan(small, 1e-5)) == (
+        jax.default_backend() == "cpu")
+    wide = jaxacct.Composition.of((jaxacct.Gaussian(20.0), 10_000))
+    assert not accountant._in_two_programs(wide, jaxacct.make_plan(wide, 1e-5))
   cases = [(small, "epsilon", 1e-5),
            (jaxacct.Composition.of((jaxacct.Gaussian(3.0), 20), (jaxacct.Laplace(40.0), 3)),
             "delta", 2.0)]

@@ -54,8 +54,8 @@ def test_dpsgd_settings_bracket_the_references_on_shared_sizes(bucket):
   plan with the bucket's static sizes (``plan.stack_plans``): its own window, tails and band
   needs, its grid step divided by the bucket's largest FFT over its own (1-2x finer). The
   front door then runs the band, one program or two as it chooses on that plan: the 9 settings
-  their own calls answer from the band and the 2 they run as two programs take the same path
-  here (and 8 others move to one of those on the larger sizes). A bucket compiles one program a
+  their own calls answer from the band take the same path here (and some others move to it on
+  the larger sizes), the rest run as two programs. A bucket compiles one program a
   path where each setting compiled its own (~6 s each under the suite's load; the file took
   491 s of a worker's time in the suite, 112 s alone now). The default plan's own grid step is
   checked by the ten rows below and test_closed_forms' tightness tests."""

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxacct import _batch
+from jaxacct import _batch, compile_cache
 from jaxacct._inputs import check_delta, check_epsilon, check_range
 from jaxacct._numerics import as_leaf, fast_jit, float64, is_traced, scoped_gradients
 from jaxacct.composition import Composition, checked
@@ -93,14 +93,19 @@ def _temporaries(composition, plan):
 
 def _in_two_programs(composition, plan) -> bool:
   """Whether one setting is composed and queried as two programs, not one: on CPU where the
-  single program's temporaries pass ``_FRESH_MAPPING_BYTES`` and the query's alone do not. (Two
-  programs fault in less on each call: 0.71-0.98x the time there; elsewhere one program is up
-  to ~1.2x faster: fewer, larger kernels, nothing handed between programs.)"""
-  single, query = _temporaries(composition, plan)
-  return jax.default_backend() == "cpu" and query <= _FRESH_MAPPING_BYTES < single
+  query's temporaries alone do not pass ``_FRESH_MAPPING_BYTES``. Where the single program's
+  pass it, two programs fault in less on each call (0.71-0.98x the time); below, compiled with
+  the elemental emitters (``compile_cache.quick_options``), they run as fast as one (12-05, T
+  100 to 3,000: 5.3 / 6.1 / 12.2 ms against 5.4 / 6.8 / 12.6 ms, the bounds bit for bit the
+  same), and a first answer compiles the two side by side (``_exported.prepare``)."""
+  _, query = _temporaries(composition, plan)
+  return jax.default_backend() == "cpu" and query <= _FRESH_MAPPING_BYTES
 
 
-_compose = fast_jit(scoped_gradients(_compose_pure), exported="pld.compose")
+# (the programs of one setting's full PLD serve first answers: they compile ~1 s sooner with
+# XLA's elemental emitters, compile_cache.quick_options; the band's serves warm answers)
+_compose = fast_jit(scoped_gradients(_compose_pure), exported="pld.compose",
+                    compiler_options=compile_cache.quick_options())
 
 
 # The band's sums' round-off allowance is kept under this share of the lower bound's delta slack
@@ -168,9 +173,11 @@ class _OneSetting:
   loop over settings queues its first programs before it waits on any."""
 
   def __init__(self, quantity, single):
-    self.fused = fast_jit(scoped_gradients(single), exported=f"pld.{quantity}")
+    quick = compile_cache.quick_options()
+    self.fused = fast_jit(scoped_gradients(single), exported=f"pld.{quantity}",
+                          compiler_options=quick)
     self.query = fast_jit(scoped_gradients(_QUERIES[quantity]),
-                          exported=f"pld.{quantity}.query")
+                          exported=f"pld.{quantity}.query", compiler_options=quick)
     self.banded = fast_jit(scoped_gradients(_band_single(quantity)),
                            exported=f"pld.{quantity}.band")
 
