@@ -7,7 +7,7 @@ arguments of a new structure (the pytree, with a plan's static sizes, and each l
 dtype), and the serialised export is saved beside the compilation cache; a later process
 deserialises it (~10 ms), and its compilation is then found in the compilation cache.
 
-Only concrete top-level calls go through here (``_numerics.fast_jit(..., exported=True)``), and
+Only concrete top-level calls go through here (``_numerics.fast_jit(..., exported=name)``), and
 only while the cache is on. The export computes what ``jax.jit(fn)`` computes (the same
 lowering; no gradients are taken through it: under a caller's ``grad`` the function is traced
 as usual). Anything that fails to export, save or read falls back to the plain jitted call.
@@ -37,14 +37,18 @@ from jaxacct import __version__, compile_cache
 
 
 class _Program(NamedTuple):
-  """A program read or exported in this process: its call (jitted, or compiled ahead by
-  ``prepare``), its output tree and its outputs' shapes and dtypes (flat)."""
-  run: Any
+  """A program read or exported in this process: its jitted call, its output tree, its
+  outputs' shapes and dtypes (flat), and its executable where ``prepare`` compiled it ahead
+  (for the default device of that moment)."""
+  call: Any
   out_tree: Any
   out_specs: list
+  compiled: Any = None
 
 
-PROGRAMS = {}  # key -> _Program, None (plain jit serves), or a Future of either (``prepare``)
+# (key, default device) -> _Program, None (plain jit serves), or a Future of a _Program while
+# ``prepare`` compiles it
+PROGRAMS = {}
 
 
 @functools.cache
@@ -157,17 +161,20 @@ def active() -> bool:
 
 
 def _entry(name, fn, args, options):
-  """(key, flat leaves, the ``_Program`` or None) for these arguments (concrete values or
-  ``jax.ShapeDtypeStruct``), made (exported or read) where this process has none yet; a
-  program still being made by ``prepare`` is waited for."""
+  """(flat leaves, the ``_Program`` or None) for these arguments (concrete values or
+  ``jax.ShapeDtypeStruct``), made (exported or read) where this process has none yet for the
+  default device; a program ``prepare`` is still compiling is waited for."""
   leaves, in_tree = jax.tree_util.tree_flatten(args)
   leaves = [_leaf(leaf) for leaf in leaves]
   key = _key(name, in_tree, leaves)
-  if key not in PROGRAMS:
-    PROGRAMS[key] = _program(fn, in_tree, leaves, _path(key), options)
-  if isinstance(PROGRAMS[key], concurrent.futures.Future):
-    PROGRAMS[key] = PROGRAMS[key].result()
-  return key, leaves, PROGRAMS[key]
+  here = (key, str(jax.config.jax_default_device))
+  program = PROGRAMS.get(here, False)
+  if program is False:
+    program = _program(fn, in_tree, leaves, _path(key), options)
+  elif isinstance(program, concurrent.futures.Future):
+    program = program.result()
+  PROGRAMS[here] = program
+  return leaves, program
 
 
 def _path(key):
@@ -176,28 +183,32 @@ def _path(key):
 
 def call(name, fn, jitted, args, options=None):
   """``fn(*args)`` on concrete ``args``: through the program exported for their structure
-  (this process's, or one saved by an earlier process), or ``jitted`` where the cache is off or
-  the export cannot be made or read (that once, then always ``jitted`` for it)."""
+  (this process's, or one saved by an earlier process; its executable where ``prepare``
+  compiled it, waited for while it compiles), or ``jitted`` where the cache is off or the
+  export cannot be made or read (that once, then always ``jitted`` for it)."""
   if not active():
     return jitted(*args)
-  key, leaves, program = _entry(name, fn, args, options)
+  leaves, program = _entry(name, fn, args, options)
   if program is None:
     return jitted(*args)
-  try:
-    out = program.run(*leaves)
-  except TypeError:  # (compiled ahead by ``prepare`` for types these arguments do not have)
-    PROGRAMS[key] = None
-    return jitted(*args)
+  out = None
+  if program.compiled is not None:
+    try:
+      out = program.compiled(*leaves)
+    except (TypeError, ValueError):  # (arguments of other types or placement than prepared)
+      out = None
+  if out is None:
+    out = program.call(*leaves)
   return jax.tree_util.tree_unflatten(program.out_tree, out)
 
 
 def output_specs(name, fn, args, options=None):
   """The shapes and dtypes of ``fn(*args)`` (a tree of ``jax.ShapeDtypeStruct``) from the
-  program's export (made or read now, not compiled); None where calls do not go through
-  exports."""
+  program's export (made or read now; not compiled here, though one ``prepare`` is compiling
+  is waited for); None where calls do not go through exports."""
   if not active():
     return None
-  program = _entry(name, fn, args, options)[2]
+  program = _entry(name, fn, args, options)[1]
   return None if program is None else jax.tree_util.tree_unflatten(program.out_tree,
                                                                     program.out_specs)
 
@@ -206,34 +217,38 @@ def prepare(name, fn, args, options=None):
   """Compiles ``fn``'s program for arguments like ``args`` (values or ``jax.ShapeDtypeStruct``)
   on a thread of its own: exported (or read) and lowered here, then compiled there while the
   caller goes on (XLA's compiler releases Python's lock), so that programs prepared one after
-  the other compile side by side. A later ``call`` on such arguments waits for it. Nothing where
-  this process has the program compiled already (or compiling), or where calls do not go
-  through exports."""
+  the other compile side by side. A later ``call`` on such arguments (on the same default
+  device) waits for it. Nothing where this process has the program compiled already, or
+  compiling, or where calls do not go through exports."""
   if not active():
     return
   leaves, in_tree = jax.tree_util.tree_flatten(args)
   specs = [_spec(leaf) for leaf in leaves]
   key = _key(name, in_tree, specs)
-  known = PROGRAMS.get(key, False)
+  here = (key, str(jax.config.jax_default_device))
+  known = PROGRAMS.get(here, False)
   if known is None or isinstance(known, concurrent.futures.Future) or (
-      known and isinstance(known.run, jax.stages.Compiled)):
+      known and (known.compiled is not None or known.call._cache_size() > 0)):
     return  # (plain jit serves it, it is compiling, or it is compiled)
   try:
     with jax.enable_x64(True):
       program = known or _program(fn, in_tree, specs, _path(key), options)
-      lowered = None if program is None else program.run.lower(*specs)
+      lowered = None if program is None else program.call.lower(*specs)
   except Exception:  # pylint: disable=broad-except  (``call`` makes it, or plain jit serves)
     return
-  PROGRAMS[key] = program
   if lowered is None:
+    PROGRAMS[here] = program
     return
   future = concurrent.futures.Future()
 
   def compile_lowered():
+    made = program  # (its jitted call serves where the compilation fails)
     try:
-      future.set_result(program._replace(run=lowered.compile()))
-    except Exception:  # pylint: disable=broad-except  (the program's jitted call serves)
-      future.set_result(program)
+      made = program._replace(compiled=lowered.compile())
+    except Exception:  # pylint: disable=broad-except
+      pass
+    finally:  # (whatever happens, the waiting call goes on)
+      future.set_result(made)
 
-  PROGRAMS[key] = future
+  PROGRAMS[here] = future
   threading.Thread(target=compile_lowered, name=f"jaxacct-compile-{name}", daemon=True).start()

@@ -9,9 +9,11 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import math
 import os
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -304,7 +306,7 @@ _JITTED = []  # every program-compiling function of the package (see release_pro
 PROGRAM_BUDGET = 48
 
 
-def fast_jit(fn, exported=None, **kwargs):
+def fast_jit(fn, exported=None, quick=False, **kwargs):
   """``jax.jit`` at the top level; under a caller's transformation, ``fn`` itself.
 
   Under a caller's trace the caller compiles everything, and a nested jit would be re-traced by
@@ -313,16 +315,24 @@ def fast_jit(fn, exported=None, **kwargs):
   way. The looser upper, not monotone in delta, that its round-off exposed was measured to be
   a root Newton reached and then left by bisecting on round-off steps, which
   ``_solver.newton_in_bracket`` now ends on. The command line and the suite set it for their
-  processes, ``cli.quick_compile_flags``; the programs of first answers set it for themselves,
-  ``compiler_options=compile_cache.quick_options()``.) The first top-level call turns on the
-  persistent compilation cache (``compile_cache.enable``): the next process reads the programs
-  back instead of compiling them. ``exported``, a name unique to ``fn`` (for positional
-  arguments only): the next process also skips the tracing (``_exported``: a warm first
-  answer's main cost).
+  processes, ``cli.quick_compile_flags``; with ``quick`` a program that serves first answers
+  sets it for itself, ``compile_cache.quick_options()``, read at its first call.) The first
+  top-level call turns on the persistent compilation cache (``compile_cache.enable``): the next
+  process reads the programs back instead of compiling them. ``exported``, a name unique to
+  ``fn`` (for positional arguments only): the next process also skips the tracing
+  (``_exported``: a warm first answer's main cost).
   """
-  jitted = jax.jit(fn, **kwargs)
-  options = kwargs.get("compiler_options")
-  _JITTED.append(jitted)
+  made, lock = [], threading.Lock()
+
+  def jitted_and_options():
+    """The jitted ``fn`` and its compiler options, made at the first top-level call (then the
+    backend, which ``quick_options`` asks for, is the one the call runs on)."""
+    with lock:
+      if not made:
+        options = (compile_cache.quick_options() if quick else {}) or None
+        made.append((jax.jit(fn, compiler_options=options, **kwargs), options))
+        _JITTED.append(made[0][0])
+    return made[0]
 
   @functools.wraps(fn)
   def call(*args, **kw):
@@ -330,17 +340,25 @@ def fast_jit(fn, exported=None, **kwargs):
       return fn(*args, **kw)
     compile_cache.enable()
     release_programs()
+    jitted, options = jitted_and_options()
     if exported and not kw:
       return _exported.call(exported, fn, jitted, args, options)
     return jitted(*args, **kw)
 
-  # With ``exported``: ``call.output_specs(*args)``, the shapes of the outputs from the export
-  # (None without one); ``call.prepare(*args)``, the program for such arguments (values or
-  # shapes) made on a thread of its own meanwhile (``_exported.prepare``).
-  call.output_specs = lambda *args: (_exported.output_specs(exported, fn, args, options)
-                                     if exported and not is_traced(args) else None)
-  call.prepare = lambda *args: (_exported.prepare(exported, fn, args, options)
-                                if exported and not is_traced(args) else None)
+  def ahead(method):
+    """``_exported``'s ``method`` for concrete arguments of an exported ``fn`` (else None),
+    after the release a call makes first (so the call that follows releases nothing of it)."""
+    def run(*args):
+      if not exported or is_traced(args):
+        return None
+      release_programs()
+      return method(exported, fn, args, jitted_and_options()[1])
+    return run
+
+  # ``call.output_specs(*args)``: the outputs' shapes from the export (None without one);
+  # ``call.prepare(*args)``: the program for such arguments (values or shapes) compiled on a
+  # thread of its own meanwhile.
+  call.output_specs, call.prepare = ahead(_exported.output_specs), ahead(_exported.prepare)
   return call
 
 
@@ -352,4 +370,6 @@ def release_programs(budget=None):
   if sum(jitted._cache_size() for jitted in _JITTED) + len(_exported.PROGRAMS) > budget:
     for jitted in _JITTED:
       jitted.clear_cache()
-    _exported.PROGRAMS.clear()
+    for key, program in list(_exported.PROGRAMS.items()):
+      if not isinstance(program, concurrent.futures.Future):  # (one compiling is kept)
+        del _exported.PROGRAMS[key]

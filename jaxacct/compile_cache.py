@@ -14,7 +14,8 @@ exports stay in jaxacct's directory), and ``JAXACCT_NO_CACHE=1`` turns off all t
 writes. Note that the cache is JAX's, process-wide: once jaxacct has turned it on, the
 process's other programs that take longer than JAX's threshold to compile are cached too.
 
-Only ``enable`` imports JAX: ``jaxacct cache --info`` and ``--clear`` answer at once.
+Only ``enable`` and ``quick_options`` import JAX: ``jaxacct cache --info`` and ``--clear``
+answer at once.
 """
 
 from __future__ import annotations
@@ -24,17 +25,21 @@ import shutil
 
 _ENABLED = []  # (the directory enable() settled on, once per process: None when off)
 
-# XLA's choice of CPU kernel emitters: its elemental emitters (False) compile a PLD program
-# ~1 s sooner than its (default) fusion emitters (1.6-1.8 against 2.6-2.9 s at T = 100 to
-# 3,000, 12-05), and the program runs within ~15 % of its time, either way.
 EMITTERS_OPTION = "xla_cpu_use_fusion_emitters"
+"""XLA's choice of CPU kernel emitters: its elemental emitters (False) compile a PLD program
+~1 s sooner than its (default) fusion emitters (1.6-1.8 against 2.6-2.9 s at T = 100 to 3,000,
+12-05), and the program runs within ~15 % of its time, either way."""
 
 
 def quick_options() -> dict:
   """XLA compiler options for a program that serves first answers (compiled once, run a few
-  times): the elemental emitters; none where ``XLA_FLAGS`` names the emitters (the user's
-  choice, kept)."""
-  return {} if EMITTERS_OPTION in os.environ.get("XLA_FLAGS", "") else {EMITTERS_OPTION: False}
+  times) on CPU: the elemental emitters; none where ``XLA_FLAGS`` names the emitters (the
+  user's choice, kept) or off CPU. Asks for JAX's backend: call it where one is in use."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  if EMITTERS_OPTION in os.environ.get("XLA_FLAGS", "") or jax.default_backend() != "cpu":
+    return {}
+  return {EMITTERS_OPTION: False}
 
 
 def directory() -> str:

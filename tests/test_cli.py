@@ -111,7 +111,7 @@ def test_a_later_process_reads_the_saved_exports_and_answers_the_same(tmp_path):
       bounds = jaxacct.dpsgd_epsilon(1.0, 0.02, 300, 1e-6)
       sigma = jaxacct.calibrate.noise_multiplier(2.0, 1e-6, 0.02, 300)
       print(repr([float(bounds.lower), float(bounds.upper), float(sigma)]))
-      print(sorted(name for name, program in _exported.PROGRAMS.items() if program))
+      print(sorted(key for (key, _), program in _exported.PROGRAMS.items() if program))
       print(compiled)
       """)
   run = lambda env: subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
@@ -134,36 +134,40 @@ def test_a_first_answer_compiles_its_two_programs_side_by_side(tmp_path):
   """With the cache on, a setting answered as two programs (compose, then query: the command
   line's default setting, answered once, not from its band) has both compiled before either
   runs, each on a thread of its own (``_exported.prepare``; the query's arguments are the
-  PLD's shapes read off the composition's export): each compiled once, and the answer is the
+  PLD's shapes read off the composition's export), with the elemental emitters of their own
+  (the process's XLA_FLAGS name no emitters here): each compiled once, and the answer is the
   plain jitted programs' bit for bit."""
+  flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
+                   if "xla_cpu_use_fusion_emitters" not in f)
   env = {k: v for k, v in os.environ.items() if k not in (
          "JAXACCT_NO_CACHE", "JAX_COMPILATION_CACHE_DIR")}
-  env["JAXACCT_CACHE_DIR"] = str(tmp_path)
+  env.update(JAXACCT_CACHE_DIR=str(tmp_path), XLA_FLAGS=flags)
   code = textwrap.dedent("""
-      import jax, jaxacct
+      import threading, jax, jaxacct
       from jaxacct import _exported
       from jaxacct.pld import accountant
       compiled = []
       jax.monitoring.register_event_duration_secs_listener(lambda event, _, **kw: (
-          compiled.append(kw.get("fun_name")) if event.endswith("backend_compile_duration")
-          else None))
+          compiled.append(threading.current_thread().name)
+          if event.endswith("backend_compile_duration") else None))
       comp = jaxacct.dpsgd_composition(1.0, 0.01, 10_000)
       with accountant.answering_once():
         bounds = jaxacct.dpsgd_epsilon(1.0, 0.01, 10_000, 1e-5)
       print(repr([float(bounds.lower), float(bounds.estimate), float(bounds.upper)]))
       with jax.enable_x64(True):
         print(accountant._in_two_programs(comp, jaxacct.make_plan(comp, 1e-5)))
-      print(sorted(type(p.run).__name__ for p in _exported.PROGRAMS.values() if p))
-      print(compiled)
+      print(sorted(p.compiled is not None for p in _exported.PROGRAMS.values() if p))
+      print(sorted(compiled))
       """)
   run = lambda env: subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                                    text=True, timeout=300, check=True).stdout.splitlines()
   first = run(env)
   assert first[1] == str(jax.default_backend() == "cpu")
   if first[1] == "True":
-    assert first[2:] == [str(["Compiled", "Compiled"]), str(["jit(call)", "jit(call)"])], first
+    assert first[2:] == [str([True, True]), str(["jaxacct-compile-pld.compose",
+                                                 "jaxacct-compile-pld.epsilon.query"])], first
   plain = run(dict(env, JAXACCT_NO_CACHE="1"))
-  assert plain[0] == first[0] and plain[2] == "[]"
+  assert plain[0] == first[0] and plain[2] == "[]" and plain[3] == str(["MainThread"] * 2)
 
 
 def test_a_saved_export_is_read_only_by_the_source_that_made_it(tmp_path, monkeypatch):

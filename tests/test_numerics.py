@@ -466,11 +466,11 @@ def test_a_batch_answers_each_setting_as_it_would_alone_on_its_plan_row():
 
 def test_one_setting_runs_as_two_programs_unless_its_query_would_fault_in_its_memory(
     monkeypatch):
-  """On CPU the front door composes and queries one setting as two programs (compiled side by
-  side for a first answer) unless the query's temporaries alone would pass glibc's 32 MiB (a
-  Gaussian composed 10^4 times at sigma 20: 1,310,720 grid points); either way the answer is
-  the single program's, bit for bit (epsilon of DP-SGD, delta of a symmetric composition of two
-  entries), and under a caller's grad the one program is traced."""
+  """On CPU the front door composes and queries one setting as two programs (with the cache on,
+  compiled side by side for a first answer: test_cli) unless the query's temporaries alone would
+  pass glibc's 32 MiB (a Gaussian composed 10^4 times at sigma 20: 1,310,720 grid points);
+  either way the answer is the single program's, bit for bit (epsilon of DP-SGD, delta of a
+  symmetric composition of two entries), and under a caller's grad the one program is traced."""
   from jaxacct.pld import accountant
   with jax.enable_x64(True):
     small = jaxacct.dpsgd_composition(1.0, 0.01, 1_000)

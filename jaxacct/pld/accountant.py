@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxacct import _batch, compile_cache
+from jaxacct import _batch
 from jaxacct._inputs import check_delta, check_epsilon, check_range
 from jaxacct._numerics import as_leaf, fast_jit, float64, is_traced, scoped_gradients
 from jaxacct.composition import Composition, checked
@@ -103,9 +103,8 @@ def _in_two_programs(composition, plan) -> bool:
 
 
 # (the programs of one setting's full PLD serve first answers: they compile ~1 s sooner with
-# XLA's elemental emitters, compile_cache.quick_options; the band's serves warm answers)
-_compose = fast_jit(scoped_gradients(_compose_pure), exported="pld.compose",
-                    compiler_options=compile_cache.quick_options())
+# XLA's elemental emitters, ``quick``; the band's serves warm answers)
+_compose = fast_jit(scoped_gradients(_compose_pure), exported="pld.compose", quick=True)
 
 
 # The band's sums' round-off allowance is kept under this share of the lower bound's delta slack
@@ -173,11 +172,9 @@ class _OneSetting:
   loop over settings queues its first programs before it waits on any."""
 
   def __init__(self, quantity, single):
-    quick = compile_cache.quick_options()
-    self.fused = fast_jit(scoped_gradients(single), exported=f"pld.{quantity}",
-                          compiler_options=quick)
+    self.fused = fast_jit(scoped_gradients(single), exported=f"pld.{quantity}", quick=True)
     self.query = fast_jit(scoped_gradients(_QUERIES[quantity]),
-                          exported=f"pld.{quantity}.query", compiler_options=quick)
+                          exported=f"pld.{quantity}.query", quick=True)
     self.banded = fast_jit(scoped_gradients(_band_single(quantity)),
                            exported=f"pld.{quantity}.band")
 
