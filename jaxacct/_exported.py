@@ -161,7 +161,7 @@ def active() -> bool:
 
 
 def _entry(name, fn, args, options):
-  """(flat leaves, the ``_Program`` or None) for these arguments (concrete values or
+  """(its key here, flat leaves, the ``_Program`` or None) for these arguments (concrete values or
   ``jax.ShapeDtypeStruct``), made (exported or read) where this process has none yet for the
   default device; a program ``prepare`` is still compiling is waited for."""
   leaves, in_tree = jax.tree_util.tree_flatten(args)
@@ -174,7 +174,7 @@ def _entry(name, fn, args, options):
   elif isinstance(program, concurrent.futures.Future):
     program = program.result()
   PROGRAMS[here] = program
-  return leaves, program
+  return here, leaves, program
 
 
 def _path(key):
@@ -188,18 +188,15 @@ def call(name, fn, jitted, args, options=None):
   export cannot be made or read (that once, then always ``jitted`` for it)."""
   if not active():
     return jitted(*args)
-  leaves, program = _entry(name, fn, args, options)
+  here, leaves, program = _entry(name, fn, args, options)
   if program is None:
     return jitted(*args)
-  out = None
   if program.compiled is not None:
     try:
-      out = program.compiled(*leaves)
-    except (TypeError, ValueError):  # (arguments of other types or placement than prepared)
-      out = None
-  if out is None:
-    out = program.call(*leaves)
-  return jax.tree_util.tree_unflatten(program.out_tree, out)
+      return jax.tree_util.tree_unflatten(program.out_tree, program.compiled(*leaves))
+    except (TypeError, ValueError):  # (arguments of other types or placement than prepared:
+      PROGRAMS[here] = program = program._replace(compiled=None)  # the jitted call from now)
+  return jax.tree_util.tree_unflatten(program.out_tree, program.call(*leaves))
 
 
 def output_specs(name, fn, args, options=None):
@@ -208,7 +205,7 @@ def output_specs(name, fn, args, options=None):
   is waited for); None where calls do not go through exports."""
   if not active():
     return None
-  program = _entry(name, fn, args, options)[1]
+  program = _entry(name, fn, args, options)[2]
   return None if program is None else jax.tree_util.tree_unflatten(program.out_tree,
                                                                     program.out_specs)
 

@@ -170,6 +170,28 @@ def test_a_first_answer_compiles_its_two_programs_side_by_side(tmp_path):
   assert plain[0] == first[0] and plain[2] == "[]" and plain[3] == str(["MainThread"] * 2)
 
 
+def test_a_prepared_program_that_refuses_its_arguments_falls_back_to_its_jitted_call(
+    monkeypatch):
+  """An executable ``prepare`` compiled for other argument types or placement (TypeError,
+  ValueError) is not an error: the program's jitted call answers, from then on."""
+  from jaxacct import _exported
+
+  def refuse(*_):
+    raise ValueError("compiled for input shardings that disagree")
+
+  jitted = []
+  program = _exported._Program(call=lambda x: jitted.append(x) or [x + 1.0],
+                               out_tree=jax.tree_util.tree_structure([0]), out_specs=[],
+                               compiled=refuse)
+  monkeypatch.setattr(_exported, "active", lambda: True)
+  monkeypatch.setattr(_exported, "PROGRAMS", {})
+  monkeypatch.setattr(_exported, "_entry", lambda *_: (
+      ("key", "device"), [1.0], _exported.PROGRAMS.get(("key", "device"), program)))
+  assert _exported.call("name", None, None, (1.0,)) == [2.0] == _exported.call(
+      "name", None, None, (1.0,))
+  assert jitted == [1.0, 1.0] and _exported.PROGRAMS[("key", "device")].compiled is None
+
+
 def test_a_saved_export_is_read_only_by_the_source_that_made_it(tmp_path, monkeypatch):
   """Saved exports are named by a digest of the package's source as well as its version: an
   install from a later commit (the same version number) computes with its own code, never with
