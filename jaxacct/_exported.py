@@ -161,9 +161,9 @@ def active() -> bool:
 
 
 def _entry(name, fn, args, options):
-  """(its key here, flat leaves, the ``_Program`` or None) for these arguments (concrete values or
-  ``jax.ShapeDtypeStruct``), made (exported or read) where this process has none yet for the
-  default device; a program ``prepare`` is still compiling is waited for."""
+  """(its key here, flat leaves, the ``_Program`` or None) for these concrete arguments, made
+  (exported or read) where this process has none yet for the default device; a program
+  ``prepare`` is still compiling is waited for."""
   leaves, in_tree = jax.tree_util.tree_flatten(args)
   leaves = [_leaf(leaf) for leaf in leaves]
   key = _key(name, in_tree, leaves)
