@@ -331,15 +331,21 @@ def test_cli_json_infinite_and_absent_bounds(capsys):
   assert _is_number(out["estimate"])
 
 
-def test_cli_no_steps_answers_at_once():
-  """Steps = 0: epsilon = delta = 0 for every command (a fresh process, no compilation)."""
-  for command in (["epsilon"], ["delta"], ["compare"]):
-    proc = _run_cli(*command, "--steps", "0", "--json")
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout)
-    rows = out["results"] if command == ["compare"] else [out]
-    for row in rows:
-      assert (row["lower"], row["estimate"], row["upper"], row["status"]) == (0, 0, 0, 0), row
+def test_cli_no_steps_answers_at_once(capsys):
+  """Steps = 0: epsilon = delta = 0 for every command, and nothing is compiled."""
+  compiled = []
+  listen = lambda event, seconds, **kw: compiled.append((event, kw.get("fun_name")))
+  jax.monitoring.register_event_duration_secs_listener(listen)
+  try:
+    for command in (["epsilon"], ["delta"], ["compare"]):
+      assert jaxacct.cli.main([*command, "--steps", "0", "--json"]) == 0
+      out = json.loads(capsys.readouterr().out)
+      rows = out["results"] if command == ["compare"] else [out]
+      for row in rows:
+        assert (row["lower"], row["estimate"], row["upper"], row["status"]) == (0, 0, 0, 0), row
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listen)
+  assert not [c for c in compiled if c[0].endswith("backend_compile_duration")], compiled
 
 
 # ---------------------------------------------------------------------------------------------
