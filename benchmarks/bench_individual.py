@@ -13,6 +13,7 @@ which is what the in-step counter would hold after T steps.
 * the per-example report (certified PLD bounds, certified GDP mu, RDP figure) for all examples,
   in a child process each: one device; four forced host devices (the examples sharded); a
   smaller chunk. Each child prints its wall time, throughput and peak resident memory;
+* the report on 64 examples drawn the same way, cold and warm (a child process): one chunk;
 * dp-accounting on a few of the same examples: its heterogeneous PLD (value discretisation 1e-4,
   its default) and its RDP accountant, per example, and the ratio to jaxacct's per-example time.
 
@@ -37,6 +38,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 SIGMA, Q, STEPS, DELTA, CLIP = 2.0, 0.005, 10_000, 1e-5, 1.0
+_SMALL = 64  # examples in the small report's run
 
 
 def synthetic_counts(n, grid, seed=0):
@@ -175,6 +177,12 @@ def main():
           f"upper eps min/median/max {np.round(r['upper'], 4).tolist()}, GDP "
           f"{np.round(r['gdp'], 4).tolist()}, RDP {np.round(r['rdp'], 4).tolist()}, "
           f"status {r['status']}")
+
+  # A small report (a training run's few examples, a test's): its examples fit in one chunk, so
+  # one compiled program serves every band; here the cold time is mostly compiling.
+  small = report_run(1, 256, _SMALL)
+  print(f"  a small report, {_SMALL} examples: cold {small['cold']:5.1f} s, warm "
+        f"{small['warm']:5.2f} s")
 
   per_example = ours[(1, 256)]["warm"] / n
   lower, upper, our_rdp = ours[(1, 256)]["first"]

@@ -23,7 +23,9 @@ TREES = [
     S(P(0.1, L(2.0)), 30),
     S(P(0.005, G(0.7)), 2000),
     C([ev.NoOpDpEvent(), S(G(3.0), 4), S(ev.NoOpDpEvent(), 7)]),
-    S(ev.MixtureOfGaussiansDpEvent(2.0, [0.0, 1.0, 2.0], [0.5, 0.3, 0.2]), 20),
+    # (A mixture-of-Gaussians event: test_group checks its conversion against group_epsilon,
+    # and test_mixture the mixture's epsilon against dp-accounting's, stored; dp-accounting
+    # takes 11-35 s to build one mixture's PLD.)
     C([S(P(1.0, G(4.0)), 3), S(P(0.0, G(0.5)), 100)]),               # q = 1 and q = 0
 ]
 DELTA = 1e-6
