@@ -13,7 +13,8 @@ which is what the in-step counter would hold after T steps.
 * the per-example report (certified PLD bounds, certified GDP mu, RDP figure) for all examples,
   in a child process each: one device; four forced host devices (the examples sharded); a
   smaller chunk. Each child prints its wall time, throughput and peak resident memory;
-* the report on 64 examples drawn the same way, cold and warm (a child process): one chunk;
+* the report on 64 examples drawn the same way after 300 and 10,000 steps, cold and warm (a
+  child process each);
 * dp-accounting on a few of the same examples: its heterogeneous PLD (value discretisation 1e-4,
   its default) and its RDP accountant, per example, and the ratio to jaxacct's per-example time.
 
@@ -38,11 +39,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 SIGMA, Q, STEPS, DELTA, CLIP = 2.0, 0.005, 10_000, 1e-5, 1.0
-_SMALL = 64  # examples in the small report's run
+_SMALL, _SMALL_STEPS = 64, (300, STEPS)  # the small reports' examples and steps
 
 
-def synthetic_counts(n, grid, seed=0):
-  """Bucket counts of n examples after STEPS steps of norms s * Exp(1), s log-uniform."""
+def synthetic_counts(n, grid, seed=0, steps=STEPS):
+  """Bucket counts of n examples after ``steps`` steps of norms s * Exp(1), s log-uniform."""
   rng = np.random.default_rng(seed)
   scale = np.exp(rng.uniform(np.log(0.05), np.log(2.0), n))
   # P(ratio >= grid_g) = P(min(norm, C) <= sigma C / grid_g); ratios are rounded down.
@@ -50,7 +51,7 @@ def synthetic_counts(n, grid, seed=0):
   at_least = np.where(cut[None, :] >= CLIP, 1.0, -np.expm1(-cut[None, :] / scale[:, None]))
   probs = at_least - np.concatenate([at_least[:, 1:], np.zeros((n, 1))], axis=1)
   probs = np.maximum(probs, 0.0)
-  return rng.multinomial(STEPS, probs / probs.sum(axis=1, keepdims=True)), scale
+  return rng.multinomial(steps, probs / probs.sum(axis=1, keepdims=True)), scale
 
 
 def timed(fn):
@@ -90,7 +91,7 @@ def filter_rows(n):
 
 _CHILD = r"""
 import json, os, resource, sys, time
-devices, chunk, n = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+devices, chunk, n, steps = (int(a) for a in sys.argv[1:5])
 if devices > 1:
   os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=" + str(devices)
 sys.path.insert(0, ROOT_DIR)
@@ -100,12 +101,12 @@ import jax
 from bench_individual import synthetic_counts, SIGMA, Q, STEPS, DELTA
 from jaxacct.individual import dpsgd, noise_grid
 grid = noise_grid(SIGMA)
-counts, _ = synthetic_counts(n, grid)
+counts, _ = synthetic_counts(n, grid, steps=steps)
 start = time.perf_counter()
-report = dpsgd.per_example_privacy(counts, STEPS, grid, Q, DELTA, chunk=chunk)
+report = dpsgd.per_example_privacy(counts, steps, grid, Q, DELTA, chunk=chunk)
 cold = time.perf_counter() - start
 start = time.perf_counter()
-report = dpsgd.per_example_privacy(counts, STEPS, grid, Q, DELTA, chunk=chunk)
+report = dpsgd.per_example_privacy(counts, steps, grid, Q, DELTA, chunk=chunk)
 warm = time.perf_counter() - start
 print(json.dumps(dict(devices=len(jax.devices()), chunk=chunk, n=n, cold=cold, warm=warm,
                       peak_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -118,11 +119,11 @@ print(json.dumps(dict(devices=len(jax.devices()), chunk=chunk, n=n, cold=cold, w
 """
 
 
-def report_run(devices, chunk, n):
-  """The report on n examples in a child process: its JSON line."""
+def report_run(devices, chunk, n, steps=STEPS):
+  """The report on n examples after ``steps`` steps in a child process: its JSON line."""
   code = _CHILD.replace("ROOT_DIR", repr(ROOT)).replace(
       "HERE_DIR", repr(os.path.dirname(os.path.abspath(__file__))))
-  out = subprocess.run([sys.executable, "-c", code, str(devices), str(chunk), str(n)],
+  out = subprocess.run([sys.executable, "-c", code, str(devices), str(chunk), str(n), str(steps)],
                        capture_output=True, text=True, check=True)
   return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -178,11 +179,12 @@ def main():
           f"{np.round(r['gdp'], 4).tolist()}, RDP {np.round(r['rdp'], 4).tolist()}, "
           f"status {r['status']}")
 
-  # A small report (a training run's few examples, a test's): its examples fit in one chunk, so
-  # one compiled program serves every band; here the cold time is mostly compiling.
-  small = report_run(1, 256, _SMALL)
-  print(f"  a small report, {_SMALL} examples: cold {small['cold']:5.1f} s, warm "
-        f"{small['warm']:5.2f} s")
+  # Small reports (a short run's few examples, a test's): cold, the time is mostly compiling;
+  # where the examples fit in one chunk of the widest band they need, one program serves them.
+  for steps in _SMALL_STEPS:
+    small = report_run(1, 256, _SMALL, steps)
+    print(f"  a small report, {_SMALL} examples after {steps} steps: cold {small['cold']:5.1f} s,"
+          f" warm {small['warm']:5.2f} s")
 
   per_example = ours[(1, 256)]["warm"] / n
   lower, upper, our_rdp = ours[(1, 256)]["first"]

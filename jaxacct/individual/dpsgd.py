@@ -497,7 +497,8 @@ def _one_band_if_one_chunk(choice, bands, chunk, devices):
   """Every example at the widest band chosen, where all of them fit in one chunk of it: one
   compiled program instead of one per band (each ~3-6 s to compile, against milliseconds to
   run a chunk). The bounds stay certified; a wider band's sums carry a larger round-off
-  allowance, ~1e-8 relative (12-05: cold reports of 12-64 examples 8-16 s against 25-34 s)."""
+  allowance, ~1e-8 relative (12-05: cold reports of 12-64 examples whose spectra needed two or
+  three bands, 8-16 s against 25-34 s)."""
   widest = int(choice.max())
   per_chunk, _ = _chunk_shape(choice, bands[widest], chunk, devices)
   return np.full_like(choice, widest) if choice.size <= per_chunk else choice
