@@ -913,7 +913,8 @@ def test_bucket_counter_at_q_1_voids_an_example_listed_twice(x64_off):
 
 @pytest.mark.parametrize("counts, steps, message", [
     ([[2, 0], [-1, 1]], 3, ">= 0"), ([[3, 2], [0, 0]], 4, "at most once per step"),
-    ([[0.5, 0], [0, 0]], 4, "whole"), ([[1, 0, 0]], 4, "one column per grid noise")])
+    ([[0.5, 0], [0, 0]], 4, "whole"), ([[1, 0, 0]], 4, "one column per grid noise"),
+    (np.zeros((0, 2), int), 4, "examples >= 1")])
 def test_per_example_privacy_refuses_impossible_counts(counts, steps, message):
   with pytest.raises(ValueError, match=message):
     individual.per_example_privacy(np.asarray(counts), steps, [2.0, 3.0], 0.1, 1e-5)

@@ -397,9 +397,9 @@ def checked_counts(counts, steps, grid_size):
   if not (isinstance(steps, (int, np.integer)) and not isinstance(steps, bool) and steps >= 0):
     raise ValueError(f"steps must be an integer >= 0; got {steps!r}")
   values = np.asarray(counts)
-  if values.ndim != 2 or values.shape[1] != grid_size:
-    raise ValueError(f"counts must be [examples, {grid_size}] (one column per grid noise); got "
-                     f"shape {values.shape}")
+  if values.ndim != 2 or values.shape[1] != grid_size or values.shape[0] == 0:
+    raise ValueError(f"counts must be [examples >= 1, {grid_size}] (one column per grid noise); "
+                     f"got shape {values.shape}")
   whole = np.issubdtype(values.dtype, np.integer) or (
       np.issubdtype(values.dtype, np.floating) and np.all(values == np.round(values)))
   if not whole:
