@@ -600,6 +600,24 @@ def test_rdp_figure_matches_dp_accounting_rdp(dpsgd_report):
     assert theirs * 0.97 <= report.rdp_epsilon[i] <= theirs * (1 + 1e-6), i
 
 
+def test_a_report_split_by_band_is_the_one_band_report_to_round_off(dpsgd_report):
+  """The fixture's 20 examples fit in one chunk, so its report runs them all at the widest band
+  they need; in chunks of 8 each band runs apart, in the examples' order again. The bounds agree
+  to the wider band's round-off allowance (outward), the estimates to round-off."""
+  from jaxacct.individual import dpsgd
+  _, state, merged, grid, q = dpsgd_report
+  counts = np.asarray(state.counts)
+  split = dpsgd.per_example_privacy(counts, 80, grid, q, 1e-5, chunk=8)
+  upper, lower = np.asarray(merged.pld.upper), np.asarray(merged.pld.lower)
+  np.testing.assert_allclose(np.asarray(split.pld.upper), upper, rtol=1e-7)
+  np.testing.assert_allclose(np.asarray(split.pld.lower), lower, rtol=1e-7)
+  np.testing.assert_allclose(np.asarray(split.pld.estimate), np.asarray(merged.pld.estimate),
+                             rtol=1e-10)
+  assert np.all(np.asarray(split.pld.upper) <= upper * (1 + 1e-11))
+  assert np.all(np.asarray(split.pld.lower) >= lower * (1 - 1e-11))
+  assert len(np.unique(np.round(upper, 3))) > 10  # (distinct examples: an order mix-up would show)
+
+
 def test_a_never_listed_example_counts_as_clipped(dpsgd_report):
   counter, state, _, grid, q = dpsgd_report
   from jaxacct.individual import dpsgd
