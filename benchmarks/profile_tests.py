@@ -4,8 +4,9 @@ A pytest plugin that records, in each test, the seconds of JAX's monitoring even
 (``jaxpr_trace_duration``, ``jaxpr_to_mlir_module_duration``, ``backend_compile_duration``) and
 the persistent cache's hits, misses and the compile time its hits saved; each pytest worker writes
 its figures to ``$PROFILE_DIR/profile-<worker>.json`` at the end of the session, and the compile
-seconds of each program (by its function's name) to ``programs-<worker>.json``. Then this file
-as a script prints the totals and the tests, files and programs that compile the most::
+seconds of each program (by its function's name), over the run and in each test, to
+``programs-<worker>.json``. Then this file as a script prints the totals and the tests, files
+and programs that compile the most::
 
     PYTHONPATH=benchmarks PROFILE_DIR=/tmp/prof python -m pytest -q -n 2 -p profile_tests
     python benchmarks/profile_tests.py /tmp/prof

@@ -109,6 +109,15 @@ def _here(key):
   return key, str(jax.config.jax_default_device)
 
 
+def _signature(name, args):
+  """(the export's key, the in-process key, the argument tree, its leaves as ``_leaf``s) of a
+  call of ``name`` on ``args``."""
+  leaves, in_tree = jax.tree_util.tree_flatten(args)
+  leaves = [_leaf(leaf) for leaf in leaves]
+  key = _key(name, in_tree, leaves)
+  return key, _here(key), in_tree, leaves
+
+
 def _export(fn, in_tree, leaves):
   """(the serialised export of ``fn`` on these arguments' structure, its output tree)."""
   out_tree = []
@@ -172,10 +181,7 @@ def _entry(name, fn, args, options):
   """(its key here, flat leaves, the ``_Program`` or None) for these concrete arguments, made
   (exported or read) where this process has none yet for the default device; a program
   ``prepare`` is still compiling is waited for."""
-  leaves, in_tree = jax.tree_util.tree_flatten(args)
-  leaves = [_leaf(leaf) for leaf in leaves]
-  key = _key(name, in_tree, leaves)
-  here = _here(key)
+  key, here, in_tree, leaves = _signature(name, args)
   program = PROGRAMS.get(here, False)
   if program is False:
     program = _program(fn, in_tree, leaves, _path(key), options)
@@ -227,10 +233,7 @@ def prepare(name, fn, args, options=None):
   compiling, or where calls do not go through exports."""
   if not active():
     return
-  leaves, in_tree = jax.tree_util.tree_flatten(args)
-  leaves = [_leaf(leaf) for leaf in leaves]
-  key = _key(name, in_tree, leaves)
-  here = _here(key)
+  key, here, in_tree, leaves = _signature(name, args)
   known = PROGRAMS.get(here, False)
   if known is None or isinstance(known, concurrent.futures.Future) or (
       known and (known.compiled is not None or known.call._cache_size() > 0)):
