@@ -27,7 +27,7 @@ from jax.custom_derivatives import SymbolicZero
 
 from jaxacct import _batch, models, results
 from jaxacct._numerics import is_traced
-from jaxacct.composition import Composition
+from jaxacct.composition import Composition, counted_sum, kinds, over_kind
 from jaxacct.composition import checked as checked_composition
 from jaxacct.results import Bounds
 
@@ -148,22 +148,22 @@ def step_cumulants(model, t, add=False, nodes=None):
 
 
 def tilt_nodes(composition: Composition, t_low, t_high, add=False, panels=None):
-  """Per entry, quadrature nodes valid for every tilt in [t_low, t_high] (None where a closed
-  form is used): computed once, they make each further ``cumulants`` call a cheap reweighting.
-  ``panels`` (static) sets the rule's size; fewer panels give a cheaper, coarser K."""
-  return tuple(None if isinstance(mech, models.Gaussian)
-               else mech.loss_nodes(t_low, add, t_high=t_high, panels=panels)
-               for mech in composition.mechanisms)
+  """Per kind of entry (``composition.kinds``), its entries' quadrature nodes valid for every
+  tilt in [t_low, t_high], stacked (None where a closed form is used): computed once, they make
+  each further ``cumulants`` call a cheap reweighting. ``panels`` (static) sets the rule's size;
+  fewer panels give a cheaper, coarser K."""
+  mechanisms = composition.mechanisms
+  nodes = lambda mech: mech.loss_nodes(t_low, add, t_high=t_high, panels=panels)
+  return tuple(None if isinstance(mechanisms[index[0]], models.Gaussian)
+               else over_kind(nodes, index, mechanisms) for index in kinds(mechanisms))
 
 
 def cumulants(composition: Composition, t, add=False, nodes=None):
   """Sum over entries of count x step cumulants (real counts allowed); ``nodes`` from
-  ``tilt_nodes`` (covering t) or None for each model's own nodes at t."""
-  nodes = (None,) * len(composition.mechanisms) if nodes is None else nodes
-  total = 0.0
-  for mech, count, own in zip(composition.mechanisms, composition.counts, nodes):
-    total = total + jnp.asarray(count, jnp.float64) * step_cumulants(mech, t, add, own)
-  return total
+  ``tilt_nodes`` (covering t) or None for each model's own nodes at t. The entries of one kind
+  are one traced step, vmapped over them (``composition.counted_sum``)."""
+  step = lambda mech, own=None: step_cumulants(mech, t, add, own)
+  return counted_sum(step, composition, nodes)
 
 
 def check_cgf(composition: Composition):

@@ -6,6 +6,8 @@ import dataclasses
 import math
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from jaxacct._inputs import check_range, check_whole
 from jaxacct._numerics import as_leaf
@@ -71,3 +73,58 @@ def checked(entry, *, integer_counts) -> Composition:
   composition = as_composition(entry)
   composition.check(integer_counts)
   return composition
+
+
+def kinds(mechanisms) -> list:
+  """The entries' indices grouped by kind (one model class, structure and leaf shapes), in
+  order of first appearance."""
+  groups = {}
+  for index, mech in enumerate(mechanisms):
+    leaves, structure = jax.tree_util.tree_flatten(mech)
+    key = (structure, tuple((np.shape(x), jnp.result_type(x)) for x in leaves))
+    try:
+      groups.setdefault(key, []).append(index)
+    except TypeError:  # (static fields that cannot be hashed: a kind of its own)
+      groups[("own", index)] = [index]
+  return list(groups.values())
+
+
+def over_kind(fn, index, mechanisms, *stacked):
+  """``fn(mechanism, *extras)`` of the entries ``index`` of one kind (``kinds``), stacked
+  (leading axis: those entries): one trace, vmapped over them (an entry of its own kind is
+  traced as it is: no vmap to trace). ``stacked``: extras with that leading axis."""
+  if len(index) == 1:
+    first = lambda x: x[0]
+    out = fn(mechanisms[index[0]], *(jax.tree_util.tree_map(first, x) for x in stacked))
+    return jax.tree_util.tree_map(lambda x: jnp.asarray(x)[None], out)
+  mechanism = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *[mechanisms[i] for i in index])
+  return jax.vmap(fn)(mechanism, *stacked)
+
+
+def map_entries(fn, mechanisms):
+  """``fn(mechanism)`` of each entry, stacked in the entries' order (leading axis: entries).
+  Traced once per kind (``over_kind``): a program compiles one copy of a kind's code however
+  many entries share it (a schedule of phases, a mixture of sensitivities)."""
+  parts, order = [], []
+  for index in kinds(mechanisms):
+    parts.append(over_kind(fn, index, mechanisms))
+    order += index
+  out = jax.tree_util.tree_map(lambda *xs: jnp.concatenate(xs), *parts)
+  if order == sorted(order):
+    return out
+  back = np.argsort(order)
+  return jax.tree_util.tree_map(lambda x: x[back], out)
+
+
+def counted_sum(fn, composition, per_kind=None):
+  """sum_i counts_i fn(mechanism_i) over the entries (real counts; float64), one traced ``fn``
+  per kind (``over_kind``). ``per_kind``: for each kind (``kinds``' order) extras stacked over
+  its entries, passed as ``fn``'s second argument (None: none)."""
+  groups = kinds(composition.mechanisms)
+  per_kind = (None,) * len(groups) if per_kind is None else per_kind
+  total = 0.0
+  for index, extra in zip(groups, per_kind):
+    counts = jnp.stack([jnp.asarray(composition.counts[i], jnp.float64) for i in index])
+    values = over_kind(fn, index, composition.mechanisms, *(() if extra is None else (extra,)))
+    total = total + jnp.tensordot(counts, values, axes=1)
+  return total

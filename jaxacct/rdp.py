@@ -45,7 +45,7 @@ from jaxacct._inputs import check_delta, check_epsilon, check_range
 from jaxacct._numerics import (array_namespace, as_leaf, exp_upper, float64, floored_status,
                                safe_where)
 from jaxacct._solver import implicit_root, newton_in_bracket
-from jaxacct.composition import Composition
+from jaxacct.composition import Composition, counted_sum
 from jaxacct.results import LOWER_VACUOUS, UPPER_FLOORED, Bounds, zero_if
 
 MAX_ORDER = 1.0e4   # largest Renyi order accepted by ``rdp`` and searched by the conversions
@@ -121,11 +121,9 @@ def _composition_cgf(composition: Composition, t, precise=False):
   1e-16 in K is harmless, and they compile much faster without it.
   """
   def direction(add):
-    total = jnp.zeros(3)
-    for mech, count in zip(composition.mechanisms, composition.counts):
-      step = _step_cgf(mech, t, add) if precise else cgf.step_cumulants(mech, t, add)[:3]
-      total = total + jnp.asarray(count, jnp.float64) * step
-    return total
+    def step(mech):
+      return _step_cgf(mech, t, add) if precise else cgf.step_cumulants(mech, t, add)[:3]
+    return counted_sum(step, composition)  # (one traced step per kind of entry)
 
   if composition.symmetric:
     return direction(False)

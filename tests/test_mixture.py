@@ -152,7 +152,7 @@ def test_bad_mixtures_are_refused_at_construction():
 def test_compositions_sharing_models_evaluate_them_once():
   """A batch whose models are shared (only counts batched) takes the shared path: each model
   is discretised once; its answers equal the per-element path's on the same plan."""
-  from jaxacct.pld import spectrum
+  from jaxacct.pld import accountant, spectrum
   rng = np.random.default_rng(1)
   sens = np.linspace(0.2, 1.0, 4)
   counts = rng.integers(0, 60, size=(6, 4)).astype(float)
@@ -164,16 +164,19 @@ def test_compositions_sharing_models_evaluate_them_once():
       (jaxacct.PoissonSampled(jaxacct.Gaussian(wide(1.0), wide(s)), wide(0.02)), counts[:, j])
       for j, s in enumerate(sens)])
   plan = jaxacct.make_plan(shared, 1e-6)
-  calls = []
-  original = spectrum.entry_terms
-  spectrum.entry_terms = lambda *a: calls.append(1) or original(*a)
+  calls, routes = [], []
+  original, shared_route = spectrum.entry_terms, accountant._shared
+  spectrum.entry_terms = lambda mech, *a: calls.append(np.shape(mech.rate)) or original(mech, *a)
+  accountant._shared = lambda *a: routes.append(1) or shared_route(*a)
   try:
     a = jaxacct.epsilon(shared, 1e-6, plan=plan)
-    traced_shared = len(calls)
+    traced_shared = list(calls)
     b = jaxacct.epsilon(per_element, 1e-6, plan=plan)
   finally:
-    spectrum.entry_terms = original
-  assert traced_shared == 4 * 1  # four models, traced once (both directions in one vmap)
+    spectrum.entry_terms, accountant._shared = original, shared_route
+  # The shared route, its four models of one kind traced once, vmapped over the four (and over
+  # both directions); the per-element route does not take it.
+  assert routes == [1] and traced_shared == [()]
   np.testing.assert_allclose(np.asarray(a.upper), np.asarray(b.upper), rtol=1e-12)
   np.testing.assert_allclose(np.asarray(a.estimate), np.asarray(b.estimate), rtol=1e-12)
   assert float(a.upper[2]) == 0.0

@@ -145,10 +145,16 @@ def test_constant_time_accountants_differentiate_inside_a_float32_jit(accountant
 
 
 def test_composed_pld_reuse_and_append():
-  comp = jaxacct.dpsgd_composition(1.1, 0.01, 1500)
+  """A PLD appended to entry by entry is the one composed at once. The entries of one kind are
+  discretised together (spectrum._stacked_entry_terms): interleaved kinds must keep each entry
+  with its count."""
+  sampled = lambda sigma: jaxacct.PoissonSampled(jaxacct.Gaussian(sigma), 0.01)
+  comp = jaxacct.Composition.of((sampled(1.1), 700), (jaxacct.Gaussian(8.0), 3),
+                                (sampled(1.3), 800))
   plan = jaxacct.make_plan(comp, 1e-8)
-  half = jaxacct.compose(jaxacct.dpsgd_composition(1.1, 0.01, 700), plan=plan)
-  whole = half.append(jaxacct.dpsgd_composition(1.1, 0.01, 800))
+  half = jaxacct.compose(jaxacct.Composition.of((sampled(1.1), 700)), plan=plan)
+  whole = half.append(jaxacct.Composition.of((jaxacct.Gaussian(8.0), 3))).append(
+      jaxacct.Composition.of((sampled(1.3), 800)))
   direct = jaxacct.compose(comp, plan=plan)
   deltas = np.array([1e-5, 1e-6, 1e-7])
   a, b = whole.epsilon(deltas), direct.epsilon(deltas)
