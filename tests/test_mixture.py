@@ -69,7 +69,9 @@ def test_cumulant_generating_function_matches_quadrature():
   model = MixtureOfGaussians(r["sigma"], r["sensitivities"], r["probabilities"])
   mu = np.asarray(r["sensitivities"]) / r["sigma"]
   p = np.asarray(r["probabilities"])
-  f = lambda u: np.logaddexp.reduce(np.log(p) + mu * u - 0.5 * mu * mu)
+  # f(u) = log sum_i p_i e^{mu_i u - mu_i^2 / 2} (u a scalar, or an array: along its last axis)
+  f = lambda u: np.logaddexp.reduce(np.log(p) + mu * np.asarray(u)[..., None] - 0.5 * mu * mu,
+                                    axis=-1)
   with jax.enable_x64(True):
     for t in (0.5, 2.0, 8.0):
       for add in (False, True):
@@ -77,7 +79,7 @@ def test_cumulant_generating_function_matches_quadrature():
         power = -t if add else 1.0 + t
         log_g = lambda u: stats.norm.logpdf(u) + power * f(u)
         grid = np.linspace(-80.0, 80.0, 16001)
-        top = grid[np.argmax([log_g(u) for u in grid])]
+        top = grid[np.argmax(log_g(grid))]  # (the integrand's peak, where quad's panels split)
         value, _ = integrate.quad(lambda u: math.exp(log_g(u) - log_g(top)), top - 40, top + 40,
                                   points=[top], limit=400, epsabs=0.0, epsrel=1e-13)
         got = float(cgf.step_cumulants(model, t, add)[0])
