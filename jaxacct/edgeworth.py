@@ -43,6 +43,7 @@ from jaxacct._inputs import check_choice, check_delta, check_epsilon
 from jaxacct._numerics import as_leaf, float64
 from jaxacct._solver import root_in_bracket
 from jaxacct.cgf import checked, law_moments, query
+from jaxacct.composition import counted_sum
 from jaxacct.results import Bounds
 
 METHODS = ("order2", "order1", "order3")
@@ -84,16 +85,14 @@ def _laws_of(composition, add):
   """Summed moments of the composed loss under P and under Q (tilts 0 and -1 of the CGF): the
   cumulants k1..k5 and what the error bounds read (n, K3, Ktilde3, K4, lambda3 as Derumigny et
   al. define them: averages over steps standardised by the average variance)."""
-  n, k, abs1_k2, abs3, cen4 = 0.0, 0.0, 0.0, 0.0, 0.0
-  for mech, count in zip(composition.mechanisms, composition.counts):
-    count = jnp.asarray(count, jnp.float64)
+  def step(mech):  # what each sum adds per step: [8, 2] (P, Q)
     m = law_moments(mech, jnp.array([0.0, -1.0]), add)  # shape (8, 2): P, Q
     abs1 = jnp.minimum(m[5] * (1.0 + _ABS1_SLACK), jnp.sqrt(m[1]))
-    n = n + count
-    k = k + count * m[:5]
-    abs1_k2 = abs1_k2 + count * abs1 * m[1]
-    abs3 = abs3 + count * m[6] * (1.0 + _ABS34_SLACK)
-    cen4 = cen4 + count * m[7] * (1.0 + _ABS34_SLACK)
+    return jnp.concatenate([m[:5], (abs1 * m[1])[None], m[6:8] * (1.0 + _ABS34_SLACK)])
+
+  sums = counted_sum(step, composition)  # (one traced step per kind of entry)
+  n = sum(jnp.asarray(count, jnp.float64) for count in composition.counts)
+  k, abs1_k2, abs3, cen4 = sums[:5], sums[5], sums[6], sums[7]
   b = jnp.sqrt(k[1])
   k3 = abs3 * jnp.sqrt(n) / b ** 3
   both = dict(k=k, n=n + jnp.zeros(2), K3=k3, Kt3=k3 + abs1_k2 * jnp.sqrt(n) / b ** 3,

@@ -179,6 +179,29 @@ def test_sp_clt_is_exact_at_any_tilt():
   assert math.exp(float(log_clt)) == pytest.approx(1.269367375066e-01, rel=1e-11)
 
 
+def test_cumulants_of_interleaved_kinds_are_each_entrys_count_times_its_own():
+  """The entries of one kind are traced together (``composition.counted_sum``; nodes per kind,
+  ``cgf.tilt_nodes``): each still adds its own count times its own cumulants, as it does alone."""
+  sampled = lambda sigma: models.PoissonSampled(models.Gaussian(sigma), 0.02)
+  entries = [(sampled(1.1), 300.0), (models.Laplace(2.0), 3.0), (sampled(1.7), 50.5),
+             (models.Laplace(0.7), 1.0), (models.Gaussian(4.0), 2.0)]
+  comp = Composition.of(*entries)
+  t = 0.9
+
+  @jax.jit
+  def three_ways(add):
+    alone = sum(count * cgf.cumulants(Composition.of((mech, 1.0)), t, add)
+                for mech, count in entries)
+    nodes = cgf.tilt_nodes(comp, t, t, add)
+    return cgf.cumulants(comp, t, add), cgf.cumulants(comp, t, add, nodes), alone
+
+  with jax.enable_x64(True):
+    for add in (0.0, 1.0):
+      together, from_nodes, alone = three_ways(add)
+      np.testing.assert_allclose(together, alone, rtol=1e-12)
+      np.testing.assert_allclose(from_nodes, alone, rtol=1e-12)
+
+
 @pytest.mark.parametrize("mu,eps,msd0,msd1", [(0.5, 2.0, 9.414483e-06, 9.441933e-06),
                                               (1.0, 4.0, 4.698982e-05, 4.713854e-05),
                                               (5.0, 1.0, 9.260347e-01, 9.488801e-01)])
