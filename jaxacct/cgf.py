@@ -154,8 +154,8 @@ def tilt_nodes(composition: Composition, t_low, t_high, add=False, panels=None):
   fewer panels give a cheaper, coarser K."""
   mechanisms = composition.mechanisms
   nodes = lambda mech: mech.loss_nodes(t_low, add, t_high=t_high, panels=panels)
-  return tuple(None if isinstance(mechanisms[index[0]], models.Gaussian)
-               else over_kind(nodes, index, mechanisms) for index in kinds(mechanisms))
+  return tuple(None if isinstance(mechanisms[indices[0]], models.Gaussian)
+               else over_kind(nodes, indices, mechanisms) for indices in kinds(mechanisms))
 
 
 def cumulants(composition: Composition, t, add=False, nodes=None):

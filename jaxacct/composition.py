@@ -76,28 +76,30 @@ def checked(entry, *, integer_counts) -> Composition:
 
 
 def kinds(mechanisms) -> list:
-  """The entries' indices grouped by kind (one model class, structure and leaf shapes), in
-  order of first appearance."""
+  """The entries' indices grouped by kind (one model class and structure, leaves of the same
+  shapes, dtypes and weak types: stacked, they compute as each does alone), in order of first
+  appearance."""
   groups = {}
   for index, mech in enumerate(mechanisms):
     leaves, structure = jax.tree_util.tree_flatten(mech)
-    key = (structure, tuple((np.shape(x), jnp.result_type(x)) for x in leaves))
     try:
+      key = (structure, tuple(jax.typeof(x) for x in leaves))
       groups.setdefault(key, []).append(index)
-    except TypeError:  # (static fields that cannot be hashed: a kind of its own)
+    except TypeError:  # (static fields that cannot be hashed, leaves of no dtype: its own kind)
       groups[("own", index)] = [index]
   return list(groups.values())
 
 
-def over_kind(fn, index, mechanisms, *stacked):
-  """``fn(mechanism, *extras)`` of the entries ``index`` of one kind (``kinds``), stacked
+def over_kind(fn, indices, mechanisms, *stacked):
+  """``fn(mechanism, *extras)`` of the entries ``indices`` of one kind (``kinds``), stacked
   (leading axis: those entries): one trace, vmapped over them (an entry of its own kind is
   traced as it is: no vmap to trace). ``stacked``: extras with that leading axis."""
-  if len(index) == 1:
+  if len(indices) == 1:
     first = lambda x: x[0]
-    out = fn(mechanisms[index[0]], *(jax.tree_util.tree_map(first, x) for x in stacked))
+    out = fn(mechanisms[indices[0]], *(jax.tree_util.tree_map(first, x) for x in stacked))
     return jax.tree_util.tree_map(lambda x: jnp.asarray(x)[None], out)
-  mechanism = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *[mechanisms[i] for i in index])
+  mechanism = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs),
+                                     *[mechanisms[i] for i in indices])
   return jax.vmap(fn)(mechanism, *stacked)
 
 
@@ -106,9 +108,9 @@ def map_entries(fn, mechanisms):
   Traced once per kind (``over_kind``): a program compiles one copy of a kind's code however
   many entries share it (a schedule of phases, a mixture of sensitivities)."""
   parts, order = [], []
-  for index in kinds(mechanisms):
-    parts.append(over_kind(fn, index, mechanisms))
-    order += index
+  for indices in kinds(mechanisms):
+    parts.append(over_kind(fn, indices, mechanisms))
+    order += indices
   out = jax.tree_util.tree_map(lambda *xs: jnp.concatenate(xs), *parts)
   if order == sorted(order):
     return out
@@ -123,8 +125,9 @@ def counted_sum(fn, composition, per_kind=None):
   groups = kinds(composition.mechanisms)
   per_kind = (None,) * len(groups) if per_kind is None else per_kind
   total = 0.0
-  for index, extra in zip(groups, per_kind):
-    counts = jnp.stack([jnp.asarray(composition.counts[i], jnp.float64) for i in index])
-    values = over_kind(fn, index, composition.mechanisms, *(() if extra is None else (extra,)))
-    total = total + jnp.tensordot(counts, values, axes=1)
+  for indices, extra in zip(groups, per_kind, strict=True):
+    counts = jnp.stack([jnp.asarray(composition.counts[i], jnp.float64) for i in indices])
+    values = over_kind(fn, indices, composition.mechanisms,
+                       *(() if extra is None else (extra,)))
+    total = total + jnp.tensordot(counts, values, axes=(0, 0))  # (counts: one per entry)
   return total

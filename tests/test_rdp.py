@@ -321,6 +321,30 @@ def test_grad_matches_central_differences(sigma, rate, steps, delta):
     assert abs(float(g) - fd) <= 1e-4 * abs(fd), (i, float(g), fd)
 
 
+@jax.jit
+def _schedule_value_and_grad(sigmas):
+  """epsilon and its gradient in the two phases' sigmas of a schedule whose two phases are of
+  one kind (traced once and vmapped over, ``composition.counted_sum``), a Laplace between."""
+  def upper(s):
+    phase = lambda sigma: jaxacct.PoissonSampled(jaxacct.Gaussian(sigma), 0.01)
+    comp = jaxacct.Composition.of((phase(s[0]), 700.0), (jaxacct.Laplace(2.0), 3.0),
+                                  (phase(s[1]), 800.0))
+    return rdp.epsilon(comp, 1e-6).upper
+  return jax.value_and_grad(upper)(sigmas)
+
+
+def test_each_phase_of_one_kind_gets_its_own_gradient():
+  with jax.enable_x64(True):
+    sigmas = jnp.array([0.9, 1.4])
+    _, grads = _schedule_value_and_grad(sigmas)
+    for i in range(2):
+      h = jnp.zeros(2).at[i].set(1e-5 * sigmas[i])
+      fd = (_schedule_value_and_grad(sigmas + h)[0]
+            - _schedule_value_and_grad(sigmas - h)[0]) / (2 * h[i])
+      assert float(grads[i]) < 0.0
+      assert abs(float(grads[i]) - float(fd)) <= 1e-4 * abs(float(fd)), (i, grads, fd)
+
+
 def test_real_counts_scale_the_curve():
   orders = np.array([1.5, 3.0, 40.0])
   one = np.asarray(rdp.rdp(dpsgd(1.2, 0.03, 1), orders))

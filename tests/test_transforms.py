@@ -146,7 +146,7 @@ def test_constant_time_accountants_differentiate_inside_a_float32_jit(accountant
 
 def test_composed_pld_reuse_and_append():
   """A PLD appended to entry by entry is the one composed at once. The entries of one kind are
-  discretised together (spectrum._stacked_entry_terms): interleaved kinds must keep each entry
+  discretised together (composition.map_entries): interleaved kinds must keep each entry
   with its count."""
   sampled = lambda sigma: jaxacct.PoissonSampled(jaxacct.Gaussian(sigma), 0.01)
   comp = jaxacct.Composition.of((sampled(1.1), 700), (jaxacct.Gaussian(8.0), 3),
