@@ -1,4 +1,6 @@
-"""Compositions: a static list of (privacy-loss model, count) entries with array counts."""
+"""Compositions: a static list of (privacy-loss model, count) entries with array counts; and
+the entries grouped by kind (``kinds``), so that every accountant traces one kind's code once,
+vmapped over its entries (``map_entries``, ``counted_sum``), however many entries share it."""
 
 from __future__ import annotations
 
