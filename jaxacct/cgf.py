@@ -27,7 +27,7 @@ from jax.custom_derivatives import SymbolicZero
 
 from jaxacct import _batch, models, results
 from jaxacct._numerics import is_traced
-from jaxacct.composition import Composition, counted_sum, kinds, over_kind
+from jaxacct.composition import Composition, counted_sum, kinds, over_kind, total_count
 from jaxacct.composition import checked as checked_composition
 from jaxacct.results import Bounds
 
@@ -200,11 +200,6 @@ def _worst_direction(composition: Composition, fn, arg, method):
   flags = jnp.array([0.0] if composition.symmetric else [0.0, 1.0])
   per_direction = jax.vmap(lambda add: fn(composition, arg, method, add))(flags)
   return results.zero_if(total_count(composition) == 0, results.worst_over(per_direction))
-
-
-def total_count(composition: Composition):
-  """The number of steps of a composition (a float64 array; real counts allowed)."""
-  return sum(jnp.asarray(c, jnp.float64) for c in composition.counts)
 
 
 _CHUNK = 64  # settings per vmapped block of a CGF accountant's batch

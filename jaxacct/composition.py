@@ -77,6 +77,11 @@ def checked(entry, *, integer_counts) -> Composition:
   return composition
 
 
+def total_count(composition: Composition):
+  """The number of steps of a composition (a float64 array; real counts allowed)."""
+  return sum(jnp.asarray(c, jnp.float64) for c in composition.counts)
+
+
 def kinds(mechanisms) -> list:
   """The entries' indices grouped by kind (one model class and structure, leaves of the same
   shapes, dtypes and weak types: stacked, they compute as each does alone), in order of first

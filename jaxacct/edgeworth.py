@@ -43,7 +43,7 @@ from jaxacct._inputs import check_choice, check_delta, check_epsilon
 from jaxacct._numerics import as_leaf, float64
 from jaxacct._solver import root_in_bracket
 from jaxacct.cgf import checked, law_moments, query
-from jaxacct.composition import counted_sum
+from jaxacct.composition import counted_sum, total_count
 from jaxacct.results import Bounds
 
 METHODS = ("order2", "order1", "order3")
@@ -91,7 +91,7 @@ def _laws_of(composition, add):
     return jnp.concatenate([m[:5], (abs1 * m[1])[None], m[6:8] * (1.0 + _ABS34_SLACK)])
 
   sums = counted_sum(step, composition)  # (one traced step per kind of entry)
-  n = sum(jnp.asarray(count, jnp.float64) for count in composition.counts)
+  n = total_count(composition)
   k, abs1_k2, abs3, cen4 = sums[:5], sums[5], sums[6], sums[7]
   b = jnp.sqrt(k[1])
   k3 = abs3 * jnp.sqrt(n) / b ** 3

@@ -42,7 +42,7 @@ from jaxacct._inputs import check_delta, check_epsilon, check_range
 from jaxacct._numerics import (F64_EPS, as_leaf, exp_upper, fast_jit, float64, floored_status,
                                scoped_gradients)
 from jaxacct._solver import implicit_root, newton_in_bracket
-from jaxacct.composition import Composition, checked
+from jaxacct.composition import Composition, checked, total_count
 from jaxacct.models import Gaussian, PoissonSampled
 from jaxacct.results import APPROXIMATION, UPPER_FLOORED, Bounds, zero_if
 
@@ -456,7 +456,7 @@ def _epsilon_bounds_impl(composition, delta):
 
 
 def _no_steps(composition, bounds):
-  return zero_if(sum(jnp.asarray(c, jnp.float64) for c in composition.counts) == 0, bounds)
+  return zero_if(total_count(composition) == 0, bounds)
 
 
 def _delta_bounds_impl(composition, eps):

@@ -45,7 +45,7 @@ from jaxacct._inputs import check_delta, check_epsilon, check_range
 from jaxacct._numerics import (array_namespace, as_leaf, exp_upper, float64, floored_status,
                                safe_where)
 from jaxacct._solver import implicit_root, newton_in_bracket
-from jaxacct.composition import Composition, counted_sum
+from jaxacct.composition import Composition, counted_sum, total_count
 from jaxacct.results import LOWER_VACUOUS, UPPER_FLOORED, Bounds, zero_if
 
 MAX_ORDER = 1.0e4   # largest Renyi order accepted by ``rdp`` and searched by the conversions
@@ -193,7 +193,7 @@ def _bounds(composition, value, status=0):
   steps is exactly 0."""
   upper = jnp.where(jnp.isnan(value), jnp.inf, value)
   status = jnp.full(jnp.shape(upper), LOWER_VACUOUS, jnp.int32) | status
-  return zero_if(cgf.total_count(composition) == 0,
+  return zero_if(total_count(composition) == 0,
                  Bounds(jnp.full_like(upper, jnp.nan), upper, upper, status))
 
 

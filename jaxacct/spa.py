@@ -42,7 +42,7 @@ from jaxacct._inputs import check_choice, check_delta, check_epsilon
 from jaxacct._numerics import as_leaf, exp_upper, float64, floored_status
 from jaxacct._solver import root_in_bracket
 from jaxacct.cgf import checked, cumulants, query, tilt_nodes
-from jaxacct.composition import Composition
+from jaxacct.composition import Composition, total_count
 from jaxacct.results import Bounds
 
 METHODS = ("clt", "msd0", "msd1")
@@ -168,10 +168,6 @@ def _unreliable(cum, higher, t, eps, method):
   return ~(settled & (error <= _RELIABLE * jnp.maximum(1.0, eps)))
 
 
-def _count(composition):
-  return sum(jnp.asarray(c, jnp.float64) for c in composition.counts)
-
-
 def _log_bounds(terms, method, count):
   """(log lower, log estimate, log upper) of delta from the terms at one tilt, and the log of
   the error bound they use (quadrature slack included)."""
@@ -258,7 +254,7 @@ def _delta_direction(composition, eps, method, add):
   nodes = tilt_nodes(composition, t, t, add)
   cum = cumulants(composition, t, add, nodes)
   terms = _terms(cum, t, eps)
-  lower, estimate, upper, _ = _log_bounds(terms, method, _count(composition))
+  lower, estimate, upper, _ = _log_bounds(terms, method, total_count(composition))
   higher = _higher_cumulants(*jax.lax.stop_gradient((composition, t, nodes)), add)
   unreliable = ~inside | _unreliable(cum, higher, t, eps, method)  # (beyond: not a saddle point)
   lower = jnp.exp(lower)
@@ -279,7 +275,7 @@ def _curve_point(composition, log_t, method, add, nodes=None):
   cum = cumulants(composition, t, add, nodes)
   eps = cum[1] - 1.0 / t - 1.0 / (1.0 + t)
   terms = _terms(cum, t, eps)
-  lower, estimate, upper, log_err = _log_bounds(terms, method, _count(composition))
+  lower, estimate, upper, log_err = _log_bounds(terms, method, total_count(composition))
   # A vacuous lower bound (nan) counts as delta = 0 there, i.e. below any target.
   values = jnp.stack([jnp.where(jnp.isnan(lower), -jnp.inf, lower), estimate, upper])
   return values, eps, dict(terms, log_err=log_err)
