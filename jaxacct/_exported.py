@@ -17,11 +17,19 @@ compiled before it runs either (``prepare``): each is lowered in the caller's th
 compiled on a thread of its own, so the two compile side by side (a first ``jaxacct epsilon``
 at the defaults: 3.39-3.62 s against 3.81-4.24 s, 12-05). ``output_specs`` reads a program's
 output shapes off its export, so the second program is prepared before the first has run.
+
+jax.export's lowering of an exported call sets up jaxlib's CPU LAPACK kernels whatever the
+module holds, and jaxlib reads them from scipy.linalg: an import of ~0.2-0.3 s, a fifth of a warm
+first answer. A module read here that names no LAPACK target (its serialised bytes hold no
+"lapack") is lowered without that setup (``_lapack_setup_skipped``); any other, or a jax whose
+internals differ from these, is lowered as jax has it.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import contextvars
 import functools
 import hashlib
 import importlib.util
@@ -38,12 +46,47 @@ from jaxacct import __version__, compile_cache
 
 class _Program(NamedTuple):
   """A program read or exported in this process: its jitted call, its output tree, its
-  outputs' shapes and dtypes (flat), and its executable where ``prepare`` compiled it ahead
-  (for the default device of that moment)."""
+  outputs' shapes and dtypes (flat), its executable where ``prepare`` compiled it ahead (for
+  the default device of that moment), and whether its module calls no LAPACK routine."""
   call: Any
   out_tree: Any
   out_specs: list
   compiled: Any = None
+  lapack_free: bool = False
+
+
+# Set while a module that calls no LAPACK routine is lowered (``_lapack_setup_skipped``).
+_LAPACK_FREE = contextvars.ContextVar("jaxacct_lapack_free", default=False)
+
+
+@functools.cache
+def _guard_lapack_setup() -> bool:
+  """Wraps jax.export's setup of the CPU LAPACK kernels so that it is skipped while
+  ``_LAPACK_FREE`` is set (in this thread); False where jax's internals are not as expected
+  (then nothing is skipped)."""
+  try:
+    from jax._src.export import _export as jax_export  # pylint: disable=import-outside-toplevel
+    setup = jax_export._ensure_backends_initialized  # pylint: disable=protected-access
+  except (ImportError, AttributeError):
+    return False
+
+  def ensure_backends_initialized(platforms):
+    if not _LAPACK_FREE.get():
+      setup(platforms)
+
+  jax_export._ensure_backends_initialized = ensure_backends_initialized
+  return True
+
+
+@contextlib.contextmanager
+def _lapack_setup_skipped(program):
+  """Within this context, a lowering of ``program``'s call skips the LAPACK setup where its
+  module calls no LAPACK routine."""
+  token = _LAPACK_FREE.set(program.lapack_free and _guard_lapack_setup())
+  try:
+    yield
+  finally:
+    _LAPACK_FREE.reset(token)
 
 
 # (key, default device) -> _Program, None (plain jit serves), or a Future of a _Program while
@@ -167,7 +210,8 @@ def _program(fn, in_tree, leaves, path, options=None):
       _save(path, *saved)
     exported = jax.export.deserialize(bytearray(saved[0]))
     return _Program(jax.jit(exported.call, compiler_options=options), saved[1],
-                    [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in exported.out_avals])
+                    [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in exported.out_avals],
+                    lapack_free=b"lapack" not in saved[0])
   except Exception:  # pylint: disable=broad-except  (the plain jitted call serves instead)
     return None
 
@@ -210,7 +254,9 @@ def call(name, fn, jitted, args, options=None):
       return jax.tree_util.tree_unflatten(program.out_tree, program.compiled(*leaves))
     except (TypeError, ValueError):  # (arguments of other types or placement than prepared:
       PROGRAMS[here] = program = program._replace(compiled=None)  # the jitted call from now)
-  return jax.tree_util.tree_unflatten(program.out_tree, program.call(*leaves))
+  with _lapack_setup_skipped(program):
+    outputs = program.call(*leaves)
+  return jax.tree_util.tree_unflatten(program.out_tree, outputs)
 
 
 def output_specs(name, fn, args, options=None):
@@ -242,7 +288,10 @@ def prepare(name, fn, args, options=None):
   try:
     with jax.enable_x64(True):
       program = known or _program(fn, in_tree, leaves, _path(key), options)
-      lowered = None if program is None else program.call.lower(*specs)
+      lowered = None
+      if program is not None:
+        with _lapack_setup_skipped(program):
+          lowered = program.call.lower(*specs)
   except Exception:  # pylint: disable=broad-except  (``call`` makes it, or plain jit serves)
     return
   if lowered is None:

@@ -192,6 +192,35 @@ def test_a_prepared_program_that_refuses_its_arguments_falls_back_to_its_jitted_
   assert jitted == [1.0, 1.0] and _exported.PROGRAMS[("key", "device")].compiled is None
 
 
+def test_a_read_export_sets_up_lapack_only_where_its_module_calls_it(tmp_path):
+  """jax.export's call lowering sets up jaxlib's LAPACK kernels whatever the module holds (an
+  import of scipy.linalg, ~0.2-0.3 s of a first answer): a program read back that names no
+  LAPACK target skips it (and the front door's programs never import scipy.linalg), while one
+  that calls LAPACK keeps it and solves right in a later process (skipped, it would crash)."""
+  env = {k: v for k, v in os.environ.items() if k not in (
+         "JAXACCT_NO_CACHE", "JAX_COMPILATION_CACHE_DIR")}
+  env["JAXACCT_CACHE_DIR"] = str(tmp_path)
+  code = textwrap.dedent("""
+      import sys, jax, jax.numpy as jnp, numpy as np, jaxacct
+      from jaxacct import _exported
+      bounds = jaxacct.dpsgd_epsilon(1.0, 0.02, 300, 1e-6)
+      with jax.enable_x64(True):
+        b = np.array([1.0, 2.0])
+        sine = _exported.call("test.sin", jnp.sin, None, (b,))
+        print(np.asarray(sine).tolist(), "scipy.linalg" in sys.modules)
+        x = _exported.call("test.solve", jnp.linalg.solve, None, (np.array([[2.0, 1.0],
+                                                                           [1.0, 3.0]]), b))
+        print(np.asarray(x).tolist(), "scipy.linalg" in sys.modules)
+      """)
+  for _ in range(2):  # (exported and saved, then read back by a fresh process)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300, check=True).stdout.splitlines()
+    sine, solved = (eval(line.rsplit(" ", 1)[0]) for line in out)  # pylint: disable=eval-used
+    assert sine == pytest.approx(np.sin([1.0, 2.0]), rel=1e-15) and out[0].endswith("False")
+    assert solved == pytest.approx([0.2, 0.6], rel=1e-14) and out[1].endswith("True")
+  assert len(list((tmp_path / "exports").iterdir())) >= 3
+
+
 def test_a_saved_export_is_read_only_by_the_source_that_made_it(tmp_path, monkeypatch):
   """Saved exports are named by a digest of the package's source as well as its version: an
   install from a later commit (the same version number) computes with its own code, never with
