@@ -181,8 +181,8 @@ class _TailSums:
     return j * block + above, j * block + r, (d_i, d_next), mass_right, weighted_right, p_i
 
   def crossings(self, targets):
-    """``crossing`` of each target (one per placement)."""
-    return jax.vmap(self.crossing)(targets)
+    """``crossing`` of each target (one per placement), in a loop (see ``_worst_direction``)."""
+    return jax.lax.map(self.crossing, targets)
 
 
 @jax.tree_util.register_dataclass
@@ -461,8 +461,8 @@ def _epsilon_direction(view, plan, delta):
   crossings = sums.crossings(_solvable(targets, start[1]))
   solve = lambda crossing, centre, target, side: _epsilon_on_grid(grid_delta, crossing, start,
                                                                   centre, h, target, side)
-  lower, estimate, upper = jax.vmap(solve)(crossings, centres, targets,
-                                           jnp.array([-1.0, 0.0, 1.0]))
+  lower, estimate, upper = jax.lax.map(lambda args: solve(*args), (
+      crossings, centres, targets, jnp.array([-1.0, 0.0, 1.0])))
   lower = lower - _lower_shift(view, plan, eta, h)
   # The loss's top bounds epsilon too (pure DP: epsilon <= the steps' summed top). Below the
   # grid's floor the upper stays +inf with BELOW_FLOOR, the planner's signal to rerun the
@@ -587,9 +587,12 @@ _VIEW = ("pmf", "band", "start", "window_above", "window_below", "fft_error", "m
 
 
 def _worst_direction(pld, fn, arg):
-  """Runs ``fn`` on every direction (vmapped) and keeps the worse guarantee."""
+  """Runs ``fn`` on every direction and keeps the worse guarantee. The directions, like a
+  direction's three roots, are a loop (``lax.map``), not a vmap: its body is traced once as it
+  is, and the query's program traces in ~0.15 s, not ~0.36 s, and compiles ~0.15 s sooner at
+  the same run time (12-05, the default DP-SGD setting at T = 10^4)."""
   view = {key: getattr(pld, key) for key in _VIEW}
-  return results.worst_over(jax.vmap(fn, in_axes=(0, None, None))(view, pld.plan, arg))
+  return results.worst_over(jax.lax.map(lambda v: fn(v, pld.plan, arg), view))
 
 
 def epsilon_from_pld(pld, delta) -> Bounds:
