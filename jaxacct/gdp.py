@@ -40,7 +40,7 @@ from jaxacct import results
 from jaxacct._batch import answer, blockwise
 from jaxacct._inputs import check_delta, check_epsilon, check_range
 from jaxacct._numerics import (F64_EPS, as_leaf, exp_upper, fast_jit, float64, floored_status,
-                               scoped_gradients)
+                               host_log_ndtr, scoped_gradients)
 from jaxacct._solver import implicit_root, newton_in_bracket
 from jaxacct.composition import Composition, checked, total_count
 from jaxacct.models import Gaussian, PoissonSampled
@@ -229,13 +229,11 @@ def _mu_scalar(eps, delta):
 
 
 def host_mu(epsilon, delta, iters=60):
-  """mu with delta_mu(epsilon) = delta, on the host (numpy and scipy, no compilation; arrays
+  """mu with delta_mu(epsilon) = delta, on the host (numpy, no compilation; arrays
   elementwise): the solver's safeguarded Newton in log mu on [1e-6, 1e4], to ~1e-12 relative
   where delta_mu(epsilon) is resolved in float64. A starting value (the calibration's
   central-limit guess), not a bound and not differentiable: ``mu_of_eps_delta`` is the
   accountant's."""
-  import scipy.special  # pylint: disable=import-outside-toplevel  (a dependency; host only)
-
   epsilon, delta = np.broadcast_arrays(np.asarray(epsilon, np.float64),
                                        np.asarray(delta, np.float64))
 
@@ -244,7 +242,7 @@ def host_mu(epsilon, delta, iters=60):
     # with a = -eps/mu + mu/2, b = a - mu, and d delta_mu / d mu = phi(a).
     mu = np.exp(log_mu)
     a = -epsilon / mu + 0.5 * mu
-    log_a, log_b = scipy.special.log_ndtr(a), scipy.special.log_ndtr(a - mu)
+    log_a, log_b = host_log_ndtr(a), host_log_ndtr(a - mu)
     with np.errstate(divide="ignore", invalid="ignore"):
       log_curve = log_a + np.log1p(-np.exp(np.minimum(epsilon + log_b - log_a, 0.0)))
       log_phi = -0.5 * a * a - 0.5 * math.log(2.0 * math.pi)

@@ -349,6 +349,29 @@ def test_host_erfc_and_sigmoid_match_scipy():
   np.testing.assert_allclose(_numerics.sigmoid(z), special.expit(z), rtol=4e-16, atol=0.0)
 
 
+def test_host_log_ndtr_and_logsumexp_against_mpmath():
+  """The calibration's host log Phi (libm's erfc, the asymptotic series below -30) against
+  40-digit mpmath, over both signs and far into the lower tail; its logsumexp (numpy) against
+  mpmath's, with rows of -inf terms."""
+  import mpmath
+  from jaxacct._numerics import host_log_ndtr, host_logsumexp
+  x = np.concatenate([-np.geomspace(1e-4, 1e5, 300), [0.0, -30.0, np.nextafter(-30.0, 0.0)],
+                      np.geomspace(1e-4, 8.0, 100)])
+  rows = np.random.default_rng(3).normal(scale=300.0, size=(6, 9))
+  rows[0], rows[1, :5] = -np.inf, -np.inf
+  with mpmath.workdps(40):
+    ref = np.array([float(mpmath.log(mpmath.ncdf(mpmath.mpf(v)))) for v in x])
+    sums = [float(mpmath.log(mpmath.fsum(mpmath.exp(mpmath.mpf(v)) for v in row)))
+            if np.any(np.isfinite(row)) else -np.inf for row in rows]
+  # (erfc's argument x/sqrt(2) is rounded: a relative 1e-16 there is ~x^2 1e-16 in the value;
+  # the series, below -30, has no such argument)
+  assert np.all(np.abs(host_log_ndtr(x) - ref) <= 4e-15 * (1.0 + np.minimum(x * x, 900.0))
+                * np.abs(ref))
+  assert host_log_ndtr(-np.inf) == -np.inf and host_log_ndtr(np.inf) == 0.0
+  assert np.isnan(host_log_ndtr(np.nan))
+  np.testing.assert_allclose(host_logsumexp(rows), sums, rtol=1e-15, atol=0.0)
+
+
 @pytest.mark.parametrize("n", [7, 4096, 81_920, 327_680, 3_145_728])
 def test_sin_cos_of_a_fraction_of_pi_is_accurate_to_its_own_size(n):
   """sin and cos of pi j / n (the low band's phases) against 40-digit mpmath, within 4 ulps of
