@@ -349,7 +349,9 @@ def fast_jit(fn, exported=None, quick=False, **kwargs):
   a root Newton reached and then left by bisecting on round-off steps, which
   ``_solver.newton_in_bracket`` now ends on. The command line and the suite set it for their
   processes, ``cli.quick_compile_flags``; with ``quick`` a program that serves first answers
-  sets it for itself, ``compile_cache.quick_options()``, read at its first call.) The first
+  sets it for itself, ``compile_cache.quick_options()``, read at its first call; with
+  ``quick="one_answer"`` also the back end's lowest optimisation level, for a program that a
+  process answering one question compiles and runs once.) The first
   top-level call turns on the persistent compilation cache (``compile_cache.enable``): the next
   process reads the programs back instead of compiling them. ``exported``, a name unique to
   ``fn`` (for positional arguments only): the next process also skips the tracing
@@ -362,7 +364,7 @@ def fast_jit(fn, exported=None, quick=False, **kwargs):
     backend, which ``quick_options`` asks for, is the one the call runs on)."""
     with lock:
       if not made:
-        options = (compile_cache.quick_options() if quick else {}) or None
+        options = (compile_cache.quick_options(quick == "one_answer") if quick else {}) or None
         made.append((jax.jit(fn, compiler_options=options, **kwargs), options))
         _JITTED.append(made[0][0])
     return made[0]

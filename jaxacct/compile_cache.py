@@ -31,15 +31,28 @@ EMITTERS_OPTION = "xla_cpu_use_fusion_emitters"
 12-05), and the program runs within ~15 % of its time, either way."""
 
 
-def quick_options() -> dict:
+LEVEL_OPTION = "xla_backend_optimization_level"
+"""The optimisation level of XLA's LLVM back end: at 0 a PLD program compiles ~2x faster (at
+the command line's default setting the two programs 1.0 and 0.45 s against 0.43 and 0.24 s)
+and runs 1.3-3.7x slower (the FFTs, a library's, not at all; 12-05: 28 against 81 ms at
+T = 10^4, 533 against 819 ms at T = 10^5)."""
+
+
+def quick_options(one_answer=False) -> dict:
   """XLA compiler options for a program that serves first answers (compiled once, run a few
-  times) on CPU: the elemental emitters; none where ``XLA_FLAGS`` names the emitters (the
-  user's choice, kept) or off CPU. Asks for JAX's backend: call it where one is in use."""
+  times) on CPU: the elemental emitters, and with ``one_answer`` (a process that answers one
+  question: compiled, then run once or a few times) the back end's lowest level as well; none
+  that ``XLA_FLAGS`` names (the user's choice, kept), and none off CPU. Asks for JAX's
+  backend: call it where one is in use."""
   import jax  # pylint: disable=import-outside-toplevel
 
-  if EMITTERS_OPTION in os.environ.get("XLA_FLAGS", "") or jax.default_backend() != "cpu":
+  if jax.default_backend() != "cpu":
     return {}
-  return {EMITTERS_OPTION: False}
+  flags = os.environ.get("XLA_FLAGS", "")
+  options = {} if EMITTERS_OPTION in flags else {EMITTERS_OPTION: False}
+  if one_answer and LEVEL_OPTION not in flags:
+    options[LEVEL_OPTION] = 0
+  return options
 
 
 def directory() -> str:

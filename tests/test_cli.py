@@ -164,10 +164,38 @@ def test_a_first_answer_compiles_its_two_programs_side_by_side(tmp_path):
   first = run(env)
   assert first[1] == str(jax.default_backend() == "cpu")
   if first[1] == "True":
-    assert first[2:] == [str([True, True]), str(["jaxacct-compile-pld.compose",
-                                                 "jaxacct-compile-pld.epsilon.query"])], first
+    assert first[2:] == [str([True, True]), str(["jaxacct-compile-pld.compose.once",
+                                                 "jaxacct-compile-pld.epsilon.query.once"])], first
   plain = run(dict(env, JAXACCT_NO_CACHE="1"))
   assert plain[0] == first[0] and plain[2] == "[]" and plain[3] == str(["MainThread"] * 2)
+  # (compiled at XLA's lowest back-end level there: the library's full PLD, to round-off)
+  from jaxacct.pld import accountant
+  compose, query, _ = accountant.single_program("epsilon").tiers[False]
+  with jax.enable_x64(True):
+    comp = jaxacct.dpsgd_composition(1.0, 0.01, 10_000)
+    library = query(compose(comp, jaxacct.make_plan(comp, 1e-5)), 1e-5)
+  np.testing.assert_allclose(eval(first[0]), [float(library.lower), float(library.estimate),
+                                              float(library.upper)], rtol=1e-10, atol=0.0)
+
+
+def test_one_answer_programs_are_compiled_at_the_lowest_level_up_to_a_size(monkeypatch):
+  """Within ``answering_once`` (the command line) a setting's full PLD is compiled at XLA's
+  lowest back-end level up to ``_ONE_ANSWER_MAX_FFT`` points (it compiles ~2x faster, runs
+  slower: a larger plan's runs would spend more than that saves), elsewhere as the library
+  compiles it; the option names the level only where the user's XLA_FLAGS do not."""
+  from jaxacct import compile_cache
+  from jaxacct.pld import accountant
+  small, large = (jaxacct.dpsgd_plan(1.0, 0.01, t, 1e-5) for t in (10_000, 300_000))
+  assert small.fft_size <= accountant._ONE_ANSWER_MAX_FFT < large.fft_size
+  assert not accountant._compiled_for_one_answer(small)
+  with accountant.answering_once():
+    assert accountant._compiled_for_one_answer(small)
+    assert not accountant._compiled_for_one_answer(large)
+  monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
+  assert compile_cache.quick_options(one_answer=True) == {
+      "xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 0}
+  monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=2")
+  assert compile_cache.quick_options(one_answer=True) == {"xla_cpu_use_fusion_emitters": False}
 
 
 def test_a_prepared_program_that_refuses_its_arguments_falls_back_to_its_jitted_call(

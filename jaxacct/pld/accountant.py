@@ -103,8 +103,17 @@ def _in_two_programs(composition, plan) -> bool:
 
 
 # (the programs of one setting's full PLD serve first answers: they compile ~1 s sooner with
-# XLA's elemental emitters, ``quick``; the band's serves warm answers)
+# XLA's elemental emitters, ``quick``; the band's serves warm answers. Within ``answering_once``
+# their twins compiled at the back end's lowest level serve plans up to ``_ONE_ANSWER_MAX_FFT``)
 _compose = fast_jit(scoped_gradients(_compose_pure), exported="pld.compose", quick=True)
+_compose_once = fast_jit(scoped_gradients(_compose_pure), exported="pld.compose.once",
+                         quick="one_answer")
+
+# Grid points up to which a process that answers one question (``answering_once``) compiles a
+# setting's full PLD at XLA's lowest back-end level (``compile_cache.LEVEL_OPTION``): it
+# compiles ~0.8 s sooner and runs slower by ~50 ms at the command line's default setting
+# (327,680 points) and ~0.3 s at 3.1 M points, where a calibration's few reads would spend it.
+_ONE_ANSWER_MAX_FFT = 1_310_720
 
 
 # The band's sums' round-off allowance is kept under this share of the lower bound's delta slack
@@ -125,7 +134,9 @@ def answering_once():
   faster warm but compiles ~0.3-0.4 s slower at T = 10^4 (12-05, quick-compile flags: trace,
   lowering and compilation 2.97-3.15 s against 2.68 s for the two programs). The bounds are
   the full PLD's: the band's carry its sums' round-off allowance as well (upper 6.1877237472
-  against 6.1877237481 at the command line's default setting)."""
+  against 6.1877237481 at the command line's default setting). Plans up to
+  ``_ONE_ANSWER_MAX_FFT`` points compile at XLA's lowest back-end level (the same bounds to
+  round-off, ~1e-11 relative)."""
   token = _ONE_ANSWER.set(True)
   try:
     yield
@@ -163,6 +174,12 @@ def _band_single(quantity):
   return single
 
 
+def _compiled_for_one_answer(plan) -> bool:
+  """Whether a setting's full PLD programs are the twins compiled at XLA's lowest back-end
+  level: within ``answering_once``, for plans up to ``_ONE_ANSWER_MAX_FFT`` points."""
+  return _ONE_ANSWER.get() and plan.fft_size <= _ONE_ANSWER_MAX_FFT
+
+
 class _OneSetting:
   """The front door's accountant of one setting. From its band first where ``_as_band``; else,
   or where the band's answer is loose, ``single`` as one compiled program, or compose and query
@@ -172,9 +189,12 @@ class _OneSetting:
   loop over settings queues its first programs before it waits on any."""
 
   def __init__(self, quantity, single):
-    self.fused = fast_jit(scoped_gradients(single), exported=f"pld.{quantity}", quick=True)
-    self.query = fast_jit(scoped_gradients(_QUERIES[quantity]),
-                          exported=f"pld.{quantity}.query", quick=True)
+    full = lambda fn, name, quick: fast_jit(scoped_gradients(fn), exported=name, quick=quick)
+    # (compose, query, the one program): for any process, and for one that answers once
+    self.tiers = {once: (_compose_once if once else _compose,
+                         full(_QUERIES[quantity], f"pld.{quantity}.query{tag}", quick),
+                         full(single, f"pld.{quantity}{tag}", quick))
+                  for once, tag, quick in ((False, "", True), (True, ".once", "one_answer"))}
     self.banded = fast_jit(scoped_gradients(_band_single(quantity)),
                            exported=f"pld.{quantity}.band")
 
@@ -190,15 +210,16 @@ class _OneSetting:
     return bounds if tight is None or bool(tight) else self._full(composition, x, plan)
 
   def _full(self, composition, x, plan):
+    compose, query, fused = self.tiers[_compiled_for_one_answer(plan)]
     if not is_traced((composition, x, plan)) and _in_two_programs(composition, plan):
       # (each program made on a thread of its own, the query's from the PLD's shapes read off
       # the composition's export: a first answer compiles the two side by side)
-      shapes = _compose.output_specs(composition, plan)
+      shapes = compose.output_specs(composition, plan)
       if shapes is not None:
-        _compose.prepare(composition, plan)
-        self.query.prepare(shapes, x)
-      return self.query(_compose(composition, plan), x)
-    return self.fused(composition, x, plan)
+        compose.prepare(composition, plan)
+        query.prepare(shapes, x)
+      return query(compose(composition, plan), x)
+    return fused(composition, x, plan)
 
   def __call__(self, composition, x, plan):
     return self.finish(self.start(composition, x, plan), composition, x, plan)
