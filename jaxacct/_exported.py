@@ -21,8 +21,8 @@ output shapes off its export, so the second program is prepared before the first
 jax.export's lowering of an exported call sets up jaxlib's CPU LAPACK kernels whatever the
 module holds, and jaxlib reads them from scipy.linalg: an import of ~0.2-0.3 s, a fifth of a warm
 first answer. A module read here that names no LAPACK target (its serialised bytes hold no
-"lapack") is lowered without that setup (``_lapack_setup_skipped``); any other, or a jax whose
-internals differ from these, is lowered as jax has it.
+"lapack") is lowered without that setup (``_lapack_setup_skipped``); any other, and any where
+jax's setup does more than LAPACK's (another jax), is lowered as jax has it.
 """
 
 from __future__ import annotations
@@ -59,20 +59,26 @@ class _Program(NamedTuple):
 _LAPACK_FREE = contextvars.ContextVar("jaxacct_lapack_free", default=False)
 
 
+# What jax.export's backend setup may name for the wrapper to be installed: LAPACK's alone.
+_LAPACK_SETUP_NAMES = {"linalg", "initialize_lapack"}
+
+
 @functools.cache
 def _guard_lapack_setup() -> bool:
   """Wraps jax.export's setup of the CPU LAPACK kernels so that it is skipped while
   ``_LAPACK_FREE`` is set (in this thread); False where jax's internals are not as expected
-  (then nothing is skipped)."""
+  (the function absent, or naming anything beyond LAPACK's setup): then nothing is skipped."""
   try:
     from jax._src.export import _export as jax_export  # pylint: disable=import-outside-toplevel
     setup = jax_export._ensure_backends_initialized  # pylint: disable=protected-access
+    if not set(setup.__code__.co_names) <= _LAPACK_SETUP_NAMES:
+      return False
   except (ImportError, AttributeError):
     return False
 
-  def ensure_backends_initialized(platforms):
+  def ensure_backends_initialized(*args, **kwargs):
     if not _LAPACK_FREE.get():
-      setup(platforms)
+      setup(*args, **kwargs)
 
   jax_export._ensure_backends_initialized = ensure_backends_initialized
   return True

@@ -86,9 +86,10 @@ _DOUBLE_FACTORIALS = np.cumprod(np.arange(1.0, 16.0, 2.0))
 
 
 def host_log_ndtr(x):
-  """log Phi(x), the standard normal's log CDF, on the host (numpy and libm's erfc: no scipy
-  import, ~0.2 s of a first calibration): log1p(-Phi(-x)) above 0, log(erfc(-x/sqrt 2)/2) down
-  to ``_LOG_NDTR_SERIES_BELOW``, the asymptotic series below (to ~1e-15 relative)."""
+  """log Phi(x), the standard normal's log CDF, on the host (numpy and ``erfc``: for arrays of
+  under ``_SCIPY_ERFC_SIZE`` values no scipy import, ~0.2 s of a first calibration):
+  log1p(-Phi(-x)) above 0, log(erfc(-x/sqrt 2)/2) down to ``_LOG_NDTR_SERIES_BELOW``, the
+  asymptotic series below (to ~1e-15 relative)."""
   x = np.asarray(x, np.float64)
   with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
     upper = np.log1p(-0.5 * erfc(np.maximum(x, 0.0) / math.sqrt(2.0)))

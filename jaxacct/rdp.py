@@ -294,6 +294,8 @@ def host_dpsgd_rdp(noise_multiplier, sampling_rate, orders=HOST_ORDERS) -> np.nd
   its absolute round-off (~1e-16 per step) makes it a starting value, not a certified bound
   where a step's divergence is that small (``rdp`` is the accountant). (libm's lgamma and
   numpy's sums, not scipy's: a first calibration then imports no scipy, ~0.2 s.)"""
+  if np.any(np.asarray(orders) != np.round(orders)) or np.any(np.asarray(orders) < 2):
+    raise ValueError(f"host_dpsgd_rdp takes integer orders >= 2, got {orders!r}")
   sigma = np.atleast_1d(np.asarray(noise_multiplier, np.float64))[:, None, None]
   q = np.atleast_1d(np.asarray(sampling_rate, np.float64))[:, None, None]
   largest = int(np.max(orders))

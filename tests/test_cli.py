@@ -253,6 +253,20 @@ def test_first_answers_import_no_scipy_and_lapack_is_set_up_where_a_program_call
   assert len(list((tmp_path / "exports").iterdir())) >= 4
 
 
+def test_the_lapack_wrapper_goes_only_over_a_setup_that_does_lapacks_alone(monkeypatch):
+  """jax.export's backend setup is wrapped (and LAPACK's skipped for our modules) only where
+  that setup names nothing but LAPACK's: another jax's, doing more, is left as it is."""
+  from jax._src.export import _export as jax_export
+  from jaxacct import _exported
+
+  def another_setup(platforms):
+    return print(platforms)
+
+  monkeypatch.setattr(jax_export, "_ensure_backends_initialized", another_setup)
+  assert _exported._guard_lapack_setup.__wrapped__() is False
+  assert jax_export._ensure_backends_initialized is another_setup
+
+
 def test_a_saved_export_is_read_only_by_the_source_that_made_it(tmp_path, monkeypatch):
   """Saved exports are named by a digest of the package's source as well as its version: an
   install from a later commit (the same version number) computes with its own code, never with

@@ -268,6 +268,9 @@ def test_host_dpsgd_rdp_matches_dp_accounting_at_its_integer_orders():
   continuous = np.asarray(rdp.epsilon(dpsgd(sigma, rate, steps), delta).upper)
   assert np.all(host >= continuous * (1 - 1e-9))
   np.testing.assert_allclose(rdp.host_dpsgd_delta(sigma, rate, steps, host), delta, rtol=1e-9)
+  for orders in ([2.5], [1, 2], [0]):  # (its binomial sums hold at integer orders >= 2 only)
+    with pytest.raises(ValueError, match="integer orders"):
+      rdp.host_dpsgd_rdp(1.0, 0.01, orders)
 
 
 # ---------------------------------------------------------------------------------------------

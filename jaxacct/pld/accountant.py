@@ -136,7 +136,7 @@ def answering_once():
   the full PLD's: the band's carry its sums' round-off allowance as well (upper 6.1877237472
   against 6.1877237481 at the command line's default setting). Plans up to
   ``_ONE_ANSWER_MAX_FFT`` points compile at XLA's lowest back-end level (the same bounds to
-  round-off, ~1e-11 relative)."""
+  round-off: 4e-12 relative at the median of the 67 stored references, 3.1e-8 at most)."""
   token = _ONE_ANSWER.set(True)
   try:
     yield
