@@ -92,8 +92,10 @@ def host_log_ndtr(x):
   asymptotic series below (to ~1e-15 relative)."""
   x = np.asarray(x, np.float64)
   with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-    upper = np.log1p(-0.5 * erfc(np.maximum(x, 0.0) / math.sqrt(2.0)))
-    middle = np.log(0.5 * erfc(-np.clip(x, _LOG_NDTR_SERIES_BELOW, 0.0) / math.sqrt(2.0)))
+    # Phi(-|x|), from one erfc (|x| held at the series' edge below 0, where it is not read)
+    tail = 0.5 * erfc(np.where(x > 0.0, x, -np.maximum(x, _LOG_NDTR_SERIES_BELOW))
+                      / math.sqrt(2.0))
+    upper, middle = np.log1p(-tail), np.log(tail)
     far = np.minimum(x, _LOG_NDTR_SERIES_BELOW)
     inverse = 1.0 / (far * far)
     powers = inverse[..., None] ** np.arange(1, len(_DOUBLE_FACTORIALS) + 1)
