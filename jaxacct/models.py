@@ -94,13 +94,18 @@ def _normal_cdf_sf(*zs):
   last digits in the far tail; the larger is its complement (>= 1/2, so 1 - tail loses nothing).
   """
   xp = array_namespace(*zs)
-  z = xp.stack(xp.broadcast_arrays(*zs))
+  return _stacked_normal_cdf_sf(xp.stack(xp.broadcast_arrays(*zs)))
+
+
+def _stacked_normal_cdf_sf(z):
+  """``_normal_cdf_sf`` of each row of ``z`` (leading axis: the arguments)."""
+  xp = array_namespace(z)
   # Phi(-|z|) = erfc(|z| / sqrt 2) / 2: one erfc (``ndtr`` evaluates both erf and erfc and
   # selects: twice the compiled code). |z| has the right derivative at z = 0.
   tail = 0.5 * erfc(xp.where(z < 0.0, -z, z) * _SQRT_HALF)
   cdf = xp.where(z < 0.0, tail, 1.0 - tail)
   sf = xp.where(z < 0.0, 1.0 - tail, tail)
-  return [v for i in range(len(zs)) for v in (cdf[i], sf[i])]
+  return [v for i in range(z.shape[0]) for v in (cdf[i], sf[i])]
 
 
 def _clamp(loss):
@@ -197,7 +202,9 @@ class Gaussian(PrivacyLoss):
   def cdf_sf(self, loss, add=False):
     mu = self._mu()
     loss = _clamp(loss)
-    return tuple(_normal_cdf_sf((loss - 0.5 * mu * mu) / mu, (loss + 0.5 * mu * mu) / mu))
+    half = 0.5 * mu * mu
+    signs = np.reshape([-1.0, 1.0], (2,) + (1,) * max(np.ndim(loss), np.ndim(half)))
+    return tuple(_stacked_normal_cdf_sf((loss + signs * half) / mu))
 
   def loss_range(self, log_tail, add=False):
     mu = self._mu()
