@@ -1,6 +1,8 @@
 """Numerical building blocks: the certified FFT error bound against a long-double composition of
 the same steps, batching, tail sums and the low band of the spectrum."""
 
+import types
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -253,6 +255,86 @@ def test_low_band_spectrum_matches_a_direct_dft(n, k0, block):
   expected = (np.sum(pmf * np.cos(angle), 1)
               + 1j * np.sum(pmf * np.sin(angle), 1)).astype(complex)
   np.testing.assert_allclose(np.exp(np.asarray(log_f)), expected, rtol=1e-12, atol=1e-13)
+
+
+def _test_pmf(kind, m, rng):
+  """A step's pmf of mass 1 on m points: smooth and narrow, spread wide, point masses at both
+  ends (a Laplace step's atoms), or rough."""
+  j = np.arange(m)
+  if kind == "narrow":
+    pmf = np.exp(-0.5 * ((j - 0.3 * m) / (0.01 * m)) ** 2) * (1 + 0.1 * rng.random(m))
+  elif kind == "wide":
+    pmf = np.exp(-0.5 * ((j - 0.5 * m) / (0.15 * m)) ** 2)
+  elif kind == "atoms":
+    pmf = 1e-3 * rng.random(m)
+    pmf[0], pmf[-1] = 0.4, 0.3
+  else:
+    pmf = rng.exponential(size=m) ** 4
+  return pmf / np.sum(pmf)
+
+
+@pytest.mark.parametrize("n,band,m,kind", [
+    (327_680, 192, 73_728, "narrow"), (327_680, 192, 73_728, "atoms"),
+    (3_145_728, 192, 2_000, "wide"), (98_304, 256, 108, "atoms"), (221_184, 216, 3_072, "rough"),
+    (24_576, 256, 9_216, "narrow")])
+def test_band_transform_is_within_its_bound_of_a_long_double_dft(n, band, m, kind):
+  """The band's coefficients from block moments and small FFTs (``spectrum.band_transform``)
+  against a long-double DFT at frequencies across the band, within the bound it reports, which
+  stays far below the mass; and the bound on the largest |F_k| above the band from the step's
+  own-length FFT (``_largest_above_band``) is at least the maximum over the whole grid's FFT."""
+  rng = np.random.default_rng(n + m)
+  pmf = _test_pmf(kind, m, rng)
+  block = spectrum.band_block(n, band)
+  with jax.enable_x64(True):
+    value, error = jax.jit(lambda p: spectrum.band_transform(p, n, band))(jnp.asarray(pmf))
+  k = np.unique(np.r_[0, 1, band - 1, rng.integers(0, band, 8)])
+  j = np.arange(m, dtype=np.int64)
+  turns = ((j[None, :] * k[:, None]) % n).astype(np.longdouble) / n
+  angle = 2 * np.pi * turns
+  exact = (np.sum(pmf * np.cos(angle), 1) - 1j * np.sum(pmf * np.sin(angle), 1)).astype(complex)
+  assert np.all(np.abs(np.asarray(value)[k] - exact) <= float(error)), (block, float(error))
+  assert float(error) <= 1e-11
+  whole = np.fft.rfft(pmf, n=n)
+  if block >= 16:  # (the bound above the band, where band-only terms are used)
+    centre = jnp.asarray(int(np.round(np.sum(j * pmf))))
+    sizes = types.SimpleNamespace(fft_size=n, band=band)  # (all the bound reads of a plan)
+    with jax.enable_x64(True):
+      largest = float(spectrum._largest_above_band(jnp.asarray(pmf), sizes, centre))
+    assert largest >= np.max(np.abs(whole[band:]))
+
+
+def test_band_only_terms_answer_as_the_whole_grid_transform_does():
+  """A PLD kept as its band from band-only terms (no FFT of the plan's size) has the bounds of
+  one from the whole grid's transform: where the cheap bound above the band suffices (DP-SGD at
+  T = 10^4) and where it does not (a Laplace step's atoms keep |F| near 1: the steps' FFTs of
+  the plan's size are then taken, in the same program)."""
+  def answer(band_only):
+    def run(comp, delta, plan):
+      terms = spectrum.entry_terms_by_direction(comp.mechanisms, spectrum.directions(comp), plan,
+                                                band_only=band_only)
+      fields = spectrum.band_fields_from_terms(terms, comp.counts, plan)
+      pld = distribution.PrivacyLossDistribution(plan=plan, **fields)
+      loose = jax.vmap(spectrum._accumulate, in_axes=(0, None, None))(
+          terms, jnp.asarray(comp.counts, jnp.float64), plan)[0]["high_log"]
+      return query.epsilon_from_pld(pld, delta), fields["high_log"], loose
+    return jax.jit(run)
+
+  settings = [(jaxacct.dpsgd_composition(1.0, 0.01, 10_000), True),
+              (jaxacct.Composition.of((jaxacct.Laplace(40.0), 14_292)), False)]
+  with jax.enable_x64(True):
+    for comp, cheap_suffices in settings:
+      plan = jaxacct.make_plan(comp, 1e-5)
+      assert spectrum.band_block(plan.fft_size, plan.band) >= 16
+      (whole, whole_high, _), (band, high, loose) = (answer(b)(comp, 1e-5, plan)
+                                                     for b in (False, True))
+      assert bool(np.all(spectrum.high_band_negligible(loose, plan))) == cheap_suffices
+      assert np.all(spectrum.high_band_negligible(high, plan))
+      if not cheap_suffices:
+        np.testing.assert_array_equal(np.asarray(high), np.asarray(whole_high))
+      assert int(band.status) == int(whole.status) == 0
+      for name in ("lower", "estimate", "upper"):
+        assert float(getattr(band, name)) == pytest.approx(float(getattr(whole, name)),
+                                                           rel=1e-12)
 
 
 def test_a_wide_sweep_plan_runs_the_low_band_in_chunks():

@@ -15,6 +15,7 @@ composition does not exist; the CGF accountants take real counts).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -159,29 +160,153 @@ def _rotation(phase, k, n):
   return jnp.exp(-2j * math.pi * turns)
 
 
-def entry_terms(mech, add, plan, logs=None):
+def _whole_transform_terms(pmf, plan, logs):
+  """The step's transform on the whole grid (an FFT of the plan's size): the logs of its first
+  ``logs`` coefficients with their round-off rates, the coefficients above them as they are
+  (``high``) and, where the plan has a band, ``largest``: the exact step's largest |F_k| above
+  it (+ the FFT's error)."""
+  n, k1 = plan.fft_size, plan.band
+  transform = jnp.fft.rfft(pmf, n=n)
+  fft_abs = _whole_fft_error(pmf, n)
+  log_f, keep, rate = _log_spectrum(transform[:logs], fft_abs)
+  terms = dict(log_f=log_f, keep=keep, rate=rate, fft_abs=fft_abs)
+  if logs < n // 2 + 1:
+    terms["high"] = transform[logs:]
+  if k1 < n // 2 + 1:
+    terms["largest"] = _largest_in(transform[k1:], fft_abs)
+  return terms
+
+
+def _whole_fft_error(pmf, n):
+  """The per-coefficient round-off allowance of the step's FFT of size n (~eps log2(n)
+  ||pmf||_2)."""
+  return jax.lax.stop_gradient(_FFT_ULPS * F64_EPS * math.log2(n) * jnp.sqrt(jnp.sum(pmf ** 2)))
+
+
+def _largest_in(high, fft_abs):
+  """The exact step's largest |F_k| over the computed coefficients ``high``, bounded (+ their
+  round-off allowance)."""
+  return jnp.max(jnp.abs(jax.lax.stop_gradient(high))) + fft_abs
+
+
+def _largest_on_whole_grid(pmf, plan):
+  """``largest`` of ``_whole_transform_terms``: from the step's FFT of the plan's size."""
+  return _largest_in(jnp.fft.rfft(pmf, n=plan.fft_size)[plan.band:],
+                     _whole_fft_error(pmf, plan.fft_size))
+
+
+# ``band_transform``: Taylor terms of e^{-i theta (a - c)} within a block, and the largest
+# theta (a - c) they serve (the first dropped term is below 1e-19 of the mass); blocks of
+# 16 to 1,024 points (with fewer, its 14 small FFTs would cost more than the one it replaces).
+_BAND_TAYLOR_TERMS = 14
+_BAND_BLOCK_ANGLE = 0.25
+_BAND_BLOCKS = (16, 1024)
+
+
+def band_block(n: int, band: int) -> int:
+  """Block length of ``band_transform``: the largest power of two dividing ``n`` (at most
+  1,024) whose half, times the band's highest frequency 2 pi (band - 1) / n, is at most
+  ``_BAND_BLOCK_ANGLE``."""
+  top = 2.0 * math.pi * (band - 1) / n
+  block = 1
+  while (n % (2 * block) == 0 and 2 * block <= _BAND_BLOCKS[1]
+         and top * (2 * block - 1) / 2.0 <= _BAND_BLOCK_ANGLE):
+    block *= 2
+  return block
+
+
+@functools.lru_cache(maxsize=None)
+def _band_moment_table(block: int) -> np.ndarray:
+  """[block, terms] (a - c)^r / r! for a < block, c = (block - 1) / 2, each correctly rounded
+  (Python's division of whole numbers)."""
+  return np.array([[(2 * a - (block - 1)) ** r / (2 ** r * math.factorial(r))
+                    for r in range(_BAND_TAYLOR_TERMS)] for a in range(block)])
+
+
+def band_transform(pmf, n: int, band: int):
+  """F_k = sum_j pmf_j e^{-2 pi i j k / n} for k < ``band`` without an FFT of size n, and a
+  bound on each value's absolute error.
+
+  With j = b B + a (blocks of B = ``band_block`` points, centre c = (B - 1) / 2) and
+  theta_k = 2 pi k / n, F_k = e^{-i theta_k c} sum_r (-i theta_k)^r S_r(k), where
+  S_r(k) = sum_b m_{b,r} e^{-2 pi i b k / (n/B)} is the FFT of size n / B of the block moments
+  m_{b,r} = sum_a pmf_{bB+a} (a - c)^r / r!. The bound adds the Taylor remainder
+  (theta c)^R / R! of the mass, the moments' and the combination's round-off (a sum of
+  nonnegative terms, each exact to (B + 5 R + 10) eps of mass e^{theta c}) and each small FFT's
+  worst-case error c eps log2(n/B) sqrt(n/B) ||m_r||_2, times theta^r."""
+  m = pmf.shape[-1]
+  block = band_block(n, band)
+  size, blocks = n // block, -(-m // block)
+  top, centre = 2.0 * math.pi * (band - 1) / n, 0.5 * (block - 1)
+  padded = jnp.concatenate([pmf, jnp.zeros(blocks * block - m)]).reshape(blocks, block)
+  moments = padded @ _band_moment_table(block)                        # [blocks, R]
+  sums = jnp.fft.rfft(moments.T, n=size)[:, :band]                    # [R, band]
+  k = jnp.arange(band, dtype=jnp.float64)
+  step = -1j * ((2.0 * math.pi / n) * k)                              # -i theta_k
+  value = sums[-1]
+  for r in range(_BAND_TAYLOR_TERMS - 2, -1, -1):
+    value = value * step + sums[r]
+  sin, cos = sin_cos_pi_fraction(k * (block - 1), n)                  # theta_k c = pi k (B-1)/n
+  value = jax.lax.complex(cos, -sin) * value
+  held = jax.lax.stop_gradient((pmf, moments))
+  mass = jnp.sum(held[0])
+  terms = _BAND_TAYLOR_TERMS
+  spread = math.exp(top * centre)
+  remainder = (top * centre) ** terms / math.factorial(terms)
+  norms = jnp.sqrt(jnp.sum(held[1] ** 2, axis=0)) * top ** np.arange(terms)
+  transforms = (_FFT_ULPS * F64_EPS * math.log2(max(size, 2)) * math.sqrt(size)
+                * jnp.sum(norms))
+  error = (1.01 * (remainder + (block + 5 * terms + 10) * F64_EPS * spread) * mass
+           + 1.01 * transforms)
+  return value, error
+
+
+def _largest_above_band(pmf, plan, centre):
+  """A bound on the exact step's largest |F_k| for band <= k <= n/2 from its transform at the
+  step grid's own length m (the frequencies 2 pi k'/m): every theta_k lies within pi/m of one of
+  them at or above band m / n, and |F| changes by at most |theta - theta'| sum_j |j - c| pmf_j
+  between them; plus that transform's worst-case error c eps log2(m) sqrt(m) ||pmf||_2."""
+  pmf = jax.lax.stop_gradient(pmf)
+  m, n, k1 = pmf.shape[-1], plan.fft_size, plan.band
+  samples = jnp.abs(jnp.fft.rfft(pmf)[(k1 * m) // n:])
+  spread = jnp.sum(jnp.abs(jnp.arange(m, dtype=jnp.float64) - centre.astype(jnp.float64)) * pmf)
+  fft_error = _FFT_ULPS * F64_EPS * math.log2(max(m, 2)) * math.sqrt(m) * jnp.sqrt(
+      jnp.sum(pmf ** 2))
+  return (jnp.max(samples) * (1.0 + 4.0 * F64_EPS) + fft_error
+          + (math.pi / m) * spread * (1.0 + (m + 4) * F64_EPS))
+
+
+def _band_transform_terms(pmf, plan, centre):
+  """``_whole_transform_terms`` for a PLD kept as its band, without the transform on the whole
+  grid: the band's coefficients from ``band_transform`` and ``largest`` from
+  ``_largest_above_band`` (on the whole grid where the band's blocks would be too short)."""
+  if band_block(plan.fft_size, plan.band) < _BAND_BLOCKS[0]:
+    return _whole_transform_terms(pmf, plan, plan.band)
+  value, error = band_transform(pmf, plan.fft_size, plan.band)
+  error = jax.lax.stop_gradient(error)
+  log_f, keep, rate = _log_spectrum(value, error)
+  return dict(log_f=log_f, keep=keep, rate=rate, fft_abs=error,
+              largest=_largest_above_band(pmf, plan, centre), pmf=jax.lax.stop_gradient(pmf))
+
+
+def entry_terms(mech, add, plan, logs=None, band_only=False):
   """What one entry contributes, independent of its count: its discretised step's log spectrum
   (with its round-off rates) on the first ``logs`` coefficients (default: the plan's band), the
   transform above them as it is (``high``: its logs are taken only where a composition powers
-  it, see ``_high_band``), the low-band log spectrum, grid position and bookkeeping."""
-  n, k0, k1 = plan.fft_size, plan.low_frequencies, plan.band
-  logs = k1 if logs is None else logs
+  it, see ``_high_band``), the low-band log spectrum, grid position and bookkeeping. With
+  ``band_only`` (a PLD kept as its band, ``band_fields_from_terms``) the band's logs and a bound
+  above it only, without an FFT of the plan's size (``_band_transform_terms``)."""
+  n, k0 = plan.fft_size, plan.low_frequencies
+  logs = plan.band if logs is None else logs
   h = jax.lax.stop_gradient(plan.grid_step)
   step = discretise(mech, add, plan)
-  transform = jnp.fft.rfft(step.pmf, n=n)
-  fft_abs = jax.lax.stop_gradient(
-      _FFT_ULPS * F64_EPS * math.log2(n) * jnp.sqrt(jnp.sum(step.pmf ** 2)))
-  log_f, keep, rate = _log_spectrum(transform[:logs], fft_abs)
   step_log, centre, deviation = low_log_spectrum(step.pmf, n, k0, plan.block)
-  terms = dict(log_f=log_f, keep=keep, rate=rate, fft_abs=fft_abs, low_log=step_log,
-               centre=centre, deviation=deviation, start=step.start, cgf=step_cgf(step, h),
-               log_finite=step.log_finite, tail=step.tail, moved=step.moved, bias=step.bias,
-               max_loss=jnp.asarray(mech.max_loss(add), jnp.float64))
-  if logs < n // 2 + 1:
-    terms["high"] = transform[logs:]
-  if k1 < n // 2 + 1:  # a bound on the exact step's largest |F_k| above the band (+ FFT error)
-    terms["largest"] = jnp.max(jnp.abs(jax.lax.stop_gradient(transform[k1:]))) + fft_abs
-  return terms
+  spectral = (_band_transform_terms(step.pmf, plan, centre) if band_only
+              else _whole_transform_terms(step.pmf, plan, logs))
+  return dict(**spectral, low_log=step_log, centre=centre, deviation=deviation,
+              start=step.start, cgf=step_cgf(step, h), log_finite=step.log_finite,
+              tail=step.tail, moved=step.moved, bias=step.bias,
+              max_loss=jnp.asarray(mech.max_loss(add), jnp.float64))
 
 
 def _high_log_spectrum(terms, plan):
@@ -248,13 +373,18 @@ def _accumulate(terms, counts, plan):
       256.0 * F64_EPS * weighted(terms["deviation"])
       + total * theta_block ** _TAYLOR_TERMS / 362880.0)
   # log of the largest |F_k|^count above the band
-  acc["high_log"] = (weighted(jnp.log(jnp.maximum(terms["largest"], _TINY)))
-                     if k1 < n // 2 + 1 else jnp.zeros(()))
+  acc["high_log"] = (_high_log(counts, terms["largest"]) if k1 < n // 2 + 1
+                     else jnp.zeros(()))
   acc["cgf"] = _counted_sum(counts, terms["cgf"])
   for key in ("log_finite", "tail", "moved", "bias"):
     acc[key] = weighted(terms[key])
   acc["loss_top"] = _loss_top(counts, terms["max_loss"])
   return acc, counts
+
+
+def _high_log(counts, largest):
+  """sum_j count_j log largest_j: the log of a bound on the composed |F_k| above the band."""
+  return _weighted(counts, jnp.log(jnp.maximum(largest, _TINY)))
 
 
 def _loss_top(counts, max_loss):
@@ -269,13 +399,14 @@ def _loss_top(counts, max_loss):
   return jnp.where(unbounded, jnp.inf, top + jax.lax.stop_gradient(slack))
 
 
-def entry_terms_by_direction(mechanisms, flags, plan, logs=None):
+def entry_terms_by_direction(mechanisms, flags, plan, logs=None, band_only=False):
   """``entry_terms`` of the entries, stacked (``composition.map_entries``: one trace per kind of
   model, ~1.2 s less to compile for each further entry of a kind at T = 10^3), for each
   direction flag (leading axis: [directions, entries, ...]): what a batch of compositions that
   share these models needs to compute only once (with ``logs`` = n/2 + 1, also the logs above
   the band that its settings of few steps power)."""
-  one = lambda add: map_entries(lambda mech: entry_terms(mech, add, plan, logs), mechanisms)
+  one = lambda add: map_entries(lambda mech: entry_terms(mech, add, plan, logs, band_only),
+                                mechanisms)
   return jax.vmap(one)(jnp.asarray(flags))
 
 
@@ -484,8 +615,24 @@ def band_fields_from_terms(terms, counts, plan):
   loose: choose the band so). ``terms`` may be cut to the band (with their ``largest`` above
   it). Band fields cannot be appended to (their spectrum stops at the band)."""
   counts = jnp.asarray(counts, jnp.float64)
-  acc, _ = jax.vmap(_accumulate, in_axes=(0, None, None))(terms, counts, plan)
+  acc, rounded = jax.vmap(_accumulate, in_axes=(0, None, None))(terms, counts, plan)
+  if "pmf" in terms:  # (band-only terms: their bound above the band may be too loose)
+    acc["high_log"] = _high_log_on_whole_grid_if_needed(acc["high_log"], terms["pmf"], rounded,
+                                                        plan)
   return dict(**acc, **jax.vmap(band_materialise, (0, None))(acc, plan))
+
+
+def _high_log_on_whole_grid_if_needed(high_log, pmfs, counts, plan):
+  """``high_log`` [directions] from band-only terms (``_largest_above_band``), or, where that
+  bound does not make the spectrum above the band negligible, from the steps' FFTs of the
+  plan's size (``pmfs`` [directions, entries, m]): one runtime branch, the FFTs computed only
+  where needed (a select, both computed, under a caller's vmap). ``counts``: [directions,
+  entries], rounded."""
+  def whole():
+    largest = jax.vmap(jax.vmap(lambda pmf: _largest_on_whole_grid(pmf, plan)))(pmfs)
+    return jax.vmap(_high_log)(counts, largest)
+
+  return jax.lax.cond(jnp.all(high_band_negligible(high_log, plan)), lambda: high_log, whole)
 
 
 def compose_fields(composition, plan):
@@ -498,7 +645,8 @@ def compose_band_fields(composition, plan):
   """``compose_fields`` with the pmf kept as its band (``band_fields_from_terms``): no inverse
   transform, queries in O(band). Certified always; as tight as ``compose_fields`` only where
   ``high_band_negligible`` holds (else the dropped spectrum's bound makes it loose)."""
-  terms = entry_terms_by_direction(composition.mechanisms, directions(composition), plan)
+  terms = entry_terms_by_direction(composition.mechanisms, directions(composition), plan,
+                                   band_only=True)
   return band_fields_from_terms(terms, composition.counts, plan)
 
 
