@@ -7,7 +7,9 @@ round-off would be amplified count-fold by the power, is computed directly
 composed pmf is read from a window of the circular result placed by a Chernoff bound on the
 discrete steps' exact moment generating functions. The mass that can leave the window, the
 per-step truncated tails, FFT round-off and the round-off of the split are all bounded and kept
-with the composed pmf (the query absorbs them into its bounds).
+with the composed pmf (the query absorbs them into its bounds). A PLD kept as its band takes no
+FFT of the plan's size: its band's coefficients come from block moments (``band_transform``)
+and the bound above it from the step's own grid (``_largest_above_band``).
 
 Counts must be integers: ``integer_count`` refuses to be differentiated (d/dT of a grid
 composition does not exist; the CGF accountants take real counts).
