@@ -233,8 +233,9 @@ def band_transform(pmf, n: int, band: int):
   theta_k = 2 pi k / n, F_k = e^{-i theta_k c} sum_r (-i theta_k)^r S_r(k), where
   S_r(k) = sum_b m_{b,r} e^{-2 pi i b k / (n/B)} is the FFT of size n / B of the block moments
   m_{b,r} = sum_a pmf_{bB+a} (a - c)^r / r!. The bound adds the Taylor remainder
-  (theta c)^R / R! of the mass, the moments' and the combination's round-off (a sum of
-  nonnegative terms, each exact to (B + 5 R + 10) eps of mass e^{theta c}) and each small FFT's
+  (theta c)^R / R! of the mass; the round-off of the moments ((B + 1) eps of each term's
+  |pmf (a - c)^r / r!|, carried through the exact transform) and of the combination (theta^r,
+  Horner and the phase: 5 R + 9 eps), both within mass e^{theta c}; and each small FFT's
   worst-case error c eps log2(n/B) sqrt(n/B) ||m_r||_2, times theta^r."""
   m = pmf.shape[-1]
   block = band_block(n, band)
@@ -253,12 +254,12 @@ def band_transform(pmf, n: int, band: int):
   held = jax.lax.stop_gradient((pmf, moments))
   mass = jnp.sum(held[0])
   terms = _BAND_TAYLOR_TERMS
-  spread = math.exp(top * centre)
+  growth = math.exp(top * centre)  # (sum_r (theta c)^r / r!)
   remainder = (top * centre) ** terms / math.factorial(terms)
   norms = jnp.sqrt(jnp.sum(held[1] ** 2, axis=0)) * top ** np.arange(terms)
   transforms = (_FFT_ULPS * F64_EPS * math.log2(max(size, 2)) * math.sqrt(size)
                 * jnp.sum(norms))
-  error = (1.01 * (remainder + (block + 5 * terms + 10) * F64_EPS * spread) * mass
+  error = (1.01 * (remainder + (block + 5 * terms + 10) * F64_EPS * growth) * mass
            + 1.01 * transforms)
   return value, error
 
