@@ -9,7 +9,8 @@ discrete steps' exact moment generating functions. The mass that can leave the w
 per-step truncated tails, FFT round-off and the round-off of the split are all bounded and kept
 with the composed pmf (the query absorbs them into its bounds). A PLD kept as its band takes no
 FFT of the plan's size: its band's coefficients come from block moments (``band_transform``)
-and the bound above it from the step's own grid (``_largest_above_band``).
+and the bound above it from the step's own grid (``_largest_above_band``), where their
+allowances keep its bounds as tight as the FFT's (``_band_only_or_whole``).
 
 Counts must be integers: ``integer_count`` refuses to be differentiated (d/dT of a grid
 composition does not exist; the CGF accountants take real counts).
@@ -191,12 +192,6 @@ def _largest_in(high, fft_abs):
   return jnp.max(jnp.abs(jax.lax.stop_gradient(high))) + fft_abs
 
 
-def _largest_on_whole_grid(pmf, plan):
-  """``largest`` of ``_whole_transform_terms``: from the step's FFT of the plan's size."""
-  return _largest_in(jnp.fft.rfft(pmf, n=plan.fft_size)[plan.band:],
-                     _whole_fft_error(pmf, plan.fft_size))
-
-
 # ``band_transform``: Taylor terms of e^{-i theta (a - c)} within a block, and the largest
 # theta (a - c) they serve (the first dropped term is below 1e-19 of the mass); blocks of
 # 16 to 1,024 points (with fewer, its 14 small FFTs would cost more than the one it replaces).
@@ -252,7 +247,7 @@ def band_transform(pmf, n: int, band: int):
   sin, cos = sin_cos_pi_fraction(k * (block - 1), n)                  # theta_k c = pi k (B-1)/n
   value = jax.lax.complex(cos, -sin) * value
   held = jax.lax.stop_gradient((pmf, moments))
-  mass = jnp.sum(held[0])
+  mass = jnp.sum(jnp.abs(held[0]))
   terms = _BAND_TAYLOR_TERMS
   growth = math.exp(top * centre)  # (sum_r (theta c)^r / r!)
   remainder = (top * centre) ** terms / math.factorial(terms)
@@ -272,7 +267,8 @@ def _largest_above_band(pmf, plan, centre):
   pmf = jax.lax.stop_gradient(pmf)
   m, n, k1 = pmf.shape[-1], plan.fft_size, plan.band
   samples = jnp.abs(jnp.fft.rfft(pmf)[(k1 * m) // n:])
-  spread = jnp.sum(jnp.abs(jnp.arange(m, dtype=jnp.float64) - centre.astype(jnp.float64)) * pmf)
+  spread = jnp.sum(jnp.abs((jnp.arange(m, dtype=jnp.float64) - centre.astype(jnp.float64))
+                           * pmf))
   fft_error = _FFT_ULPS * F64_EPS * math.log2(max(m, 2)) * math.sqrt(m) * jnp.sqrt(
       jnp.sum(pmf ** 2))
   return (jnp.max(samples) * (1.0 + 4.0 * F64_EPS) + fft_error
@@ -282,13 +278,20 @@ def _largest_above_band(pmf, plan, centre):
 def _band_transform_terms(pmf, plan, centre):
   """``_whole_transform_terms`` for a PLD kept as its band, without the transform on the whole
   grid: the band's coefficients from ``band_transform`` and ``largest`` from
-  ``_largest_above_band`` (on the whole grid where the band's blocks would be too short)."""
-  if band_block(plan.fft_size, plan.band) < _BAND_BLOCKS[0]:
+  ``_largest_above_band``. On the whole grid where the band's blocks would be too short, or
+  where the step's grid is over half the plan's (its own FFT, which the bound above the band
+  takes, then saves little, and is wasted where ``_band_only_or_whole`` takes the whole grid's
+  after all)."""
+  if (band_block(plan.fft_size, plan.band) < _BAND_BLOCKS[0]
+      or 2 * plan.per_step_size > plan.fft_size):
     return _whole_transform_terms(pmf, plan, plan.band)
   value, error = band_transform(pmf, plan.fft_size, plan.band)
   error = jax.lax.stop_gradient(error)
   log_f, keep, rate = _log_spectrum(value, error)
-  return dict(log_f=log_f, keep=keep, rate=rate, fft_abs=error,
+  # (``whole_rate``: the rates the whole grid's FFT allowance would give these values, which
+  # ``band_fields_from_terms`` compares against; ``pmf``: for the whole grid's FFT there)
+  whole_rate = _log_spectrum(value, _whole_fft_error(pmf, plan.fft_size))[2]
+  return dict(log_f=log_f, keep=keep, rate=rate, fft_abs=error, whole_rate=whole_rate,
               largest=_largest_above_band(pmf, plan, centre), pmf=jax.lax.stop_gradient(pmf))
 
 
@@ -616,26 +619,57 @@ def band_fields_from_terms(terms, counts, plan):
   """``fields_from_terms`` with the pmf kept as its band (``band_materialise``: queries in
   O(band), no inverse transform). Exact when ``high_band_negligible`` (else certified but
   loose: choose the band so). ``terms`` may be cut to the band (with their ``largest`` above
-  it). Band fields cannot be appended to (their spectrum stops at the band)."""
+  it), or band-only (``entry_terms(band_only=True)``, with the steps' ``pmf``): see
+  ``_band_only_or_whole``. Band fields cannot be appended to (their spectrum stops at the
+  band)."""
   counts = jnp.asarray(counts, jnp.float64)
+  if "pmf" in terms:
+    return _band_only_or_whole(terms, counts, plan)
+  return _band_fields(terms, counts, plan)[0]
+
+
+def _band_fields(terms, counts, plan):
+  """The band's fields (the accumulated sums and ``band_materialise``'s), and the counts
+  rounded ([directions, entries])."""
   acc, rounded = jax.vmap(_accumulate, in_axes=(0, None, None))(terms, counts, plan)
-  if "pmf" in terms:  # (band-only terms: their bound above the band may be too loose)
-    acc["high_log"] = _high_log_on_whole_grid_if_needed(acc["high_log"], terms["pmf"], rounded,
-                                                        plan)
-  return dict(**acc, **jax.vmap(band_materialise, (0, None))(acc, plan))
+  return dict(**acc, **jax.vmap(band_materialise, (0, None))(acc, plan)), rounded
 
 
-def _high_log_on_whole_grid_if_needed(high_log, pmfs, counts, plan):
-  """``high_log`` [directions] from band-only terms (``_largest_above_band``), or, where that
-  bound does not make the spectrum above the band negligible, from the steps' FFTs of the
-  plan's size (``pmfs`` [directions, entries, m]): one runtime branch, the FFTs computed only
-  where needed (a select, both computed, under a caller's vmap). ``counts``: [directions,
-  entries], rounded."""
+# Band-only terms serve where their round-off allowance leaves ``fft_error`` within this share
+# of what the whole grid's FFT allowance would give (a fraction of the lower bound's slack).
+_BAND_ONLY_ERROR_SHARE = 1e-3
+
+
+def _band_only_or_whole(terms, counts, plan):
+  """The band's fields from band-only terms (no FFT of the plan's size) where they are as good
+  as the whole grid's: the spectrum above the band negligible by their bound
+  (``_largest_above_band``), and their ``fft_error`` within ``_BAND_ONLY_ERROR_SHARE`` of the
+  one the whole grid's FFT allowance would give with nothing dropped (their values' allowance,
+  ``band_transform``'s, is larger: it matters where their powers are not small, e.g. a low
+  band read from the transform, ``low_ok`` false). Elsewhere the same fields from each step's
+  FFT of the plan's size (``_whole_transform_terms``), as before. One runtime branch (a
+  select, both computed, under a caller's vmap)."""
+  fields, rounded = _band_fields(terms, counts, plan)
+  negligible, within = _band_only_serves(fields, rounded, terms, plan)
+
   def whole():
-    largest = jax.vmap(jax.vmap(lambda pmf: _largest_on_whole_grid(pmf, plan)))(pmfs)
-    return jax.vmap(_high_log)(counts, largest)
+    transformed = jax.vmap(jax.vmap(lambda pmf: _whole_transform_terms(pmf, plan, plan.band)))(
+        terms["pmf"])
+    transformed.pop("high", None)
+    return _band_fields(dict(terms, **transformed), counts, plan)[0]
 
-  return jax.lax.cond(jnp.all(high_band_negligible(high_log, plan)), lambda: high_log, whole)
+  return jax.lax.cond(negligible & within, lambda: fields, whole)
+
+
+def _band_only_serves(fields, rounded, terms, plan):
+  """Whether band-only ``fields`` serve (``_band_only_or_whole``): (the spectrum above the band
+  negligible by their bound, their ``fft_error`` within ``_BAND_ONLY_ERROR_SHARE`` of the
+  whole grid allowance's with nothing dropped)."""
+  as_whole = dict(fields, spectrum_error=jax.vmap(_weighted)(rounded, terms["whole_rate"]),
+                  high_log=jnp.full_like(fields["high_log"], -jnp.inf))
+  floor = jax.vmap(band_materialise, (0, None))(as_whole, plan)["fft_error"]
+  return (jnp.all(high_band_negligible(fields["high_log"], plan)),
+          jnp.all(fields["fft_error"] <= floor * (1.0 + _BAND_ONLY_ERROR_SHARE)))
 
 
 def compose_fields(composition, plan):
