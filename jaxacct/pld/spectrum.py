@@ -365,9 +365,7 @@ def _accumulate(terms, counts, plan):
   weighted = lambda x: _weighted(counts, x)
   flagged = lambda x: _flagged(counts, x)
   total = jnp.sum(counts)
-  acc = dict(spectrum=_power_sums(weighted(terms["log_f"][:, :k1]),
-                                  flagged(~terms["keep"][:, :k1])),
-             spectrum_error=weighted(terms["rate"][:, :k1]),
+  acc = dict(**_spectral_sums(terms, counts, k1),
              low_log=weighted(terms["low_log"]),
              low_ok=~flagged(terms["deviation"] > _LOW_BAND_MAX_Z),
              phase=jnp.tensordot(whole, terms["centre"], axes=1),
@@ -378,9 +376,8 @@ def _accumulate(terms, counts, plan):
   acc["low_error"] = jax.lax.stop_gradient(
       256.0 * F64_EPS * weighted(terms["deviation"])
       + total * theta_block ** _TAYLOR_TERMS / 362880.0)
-  # log of the largest |F_k|^count above the band
-  acc["high_log"] = (_high_log(counts, terms["largest"]) if k1 < n // 2 + 1
-                     else jnp.zeros(()))
+  if k1 == n // 2 + 1:
+    acc["high_log"] = jnp.zeros(())
   acc["cgf"] = _counted_sum(counts, terms["cgf"])
   for key in ("log_finite", "tail", "moved", "bias"):
     acc[key] = weighted(terms[key])
@@ -388,9 +385,16 @@ def _accumulate(terms, counts, plan):
   return acc, counts
 
 
-def _high_log(counts, largest):
-  """sum_j count_j log largest_j: the log of a bound on the composed |F_k| above the band."""
-  return _weighted(counts, jnp.log(jnp.maximum(largest, _TINY)))
+def _spectral_sums(terms, counts, k1):
+  """The sums over the entries (rounded ``counts``) that their transforms give: the band's
+  composed spectrum, its relative round-off and (where the plan has a band) ``high_log``, the
+  log of a bound on the composed |F_k| above it."""
+  sums = dict(spectrum=_power_sums(_weighted(counts, terms["log_f"][:, :k1]),
+                                   _flagged(counts, ~terms["keep"][:, :k1])),
+              spectrum_error=_weighted(counts, terms["rate"][:, :k1]))
+  if "largest" in terms:
+    sums["high_log"] = _weighted(counts, jnp.log(jnp.maximum(terms["largest"], _TINY)))
+  return sums
 
 
 def _loss_top(counts, max_loss):
@@ -544,13 +548,19 @@ def band_materialise(acc, plan):
   k = jnp.arange(k1)
   shift = _circular_shift(acc, window, n)  # p_j = circular_{j + shift}
   band = band_weights(k, n) * spectrum * jnp.conj(_rotation(shift, k, n))
-  coefficient_error = jnp.abs(spectrum) * relative_error
   sum_bound = jnp.sum(jnp.abs(band) * window_sum_bound(k, n, h))
   n_high = n // 2 + 1 - k1
   dropped = jnp.exp(acc["high_log"] + 0.5 * math.log(2.0 * n_high)) if n_high else 0.0
-  fft_error = (math.sqrt(2.0) * jnp.sqrt(jnp.sum(coefficient_error ** 2)) + dropped
-               + _band_sums_round_off(k1, sum_bound))
+  fft_error = _coefficient_error(acc, plan) + dropped + _band_sums_round_off(k1, sum_bound)
   return dict(pmf=None, band=band, fft_error=jax.lax.stop_gradient(fft_error), **window)
+
+
+def _coefficient_error(acc, plan):
+  """The L1 bound of the pmf's error that the band's coefficients' round-off carries:
+  sqrt(2) ||spectrum error||_2 (Parseval, both halves)."""
+  spectrum, relative_error = _composed_spectrum(acc, plan)
+  k1 = plan.band
+  return math.sqrt(2.0) * jnp.sqrt(jnp.sum((jnp.abs(spectrum[:k1]) * relative_error[:k1]) ** 2))
 
 
 def band_weights(k, n):
@@ -619,57 +629,50 @@ def band_fields_from_terms(terms, counts, plan):
   """``fields_from_terms`` with the pmf kept as its band (``band_materialise``: queries in
   O(band), no inverse transform). Exact when ``high_band_negligible`` (else certified but
   loose: choose the band so). ``terms`` may be cut to the band (with their ``largest`` above
-  it), or band-only (``entry_terms(band_only=True)``, with the steps' ``pmf``): see
-  ``_band_only_or_whole``. Band fields cannot be appended to (their spectrum stops at the
+  it), or band-only (``entry_terms(band_only=True)``, with the steps' ``pmf``: see
+  ``_band_only_or_whole``). Band fields cannot be appended to (their spectrum stops at the
   band)."""
   counts = jnp.asarray(counts, jnp.float64)
-  if "pmf" in terms:
-    return _band_only_or_whole(terms, counts, plan)
-  return _band_fields(terms, counts, plan)[0]
-
-
-def _band_fields(terms, counts, plan):
-  """The band's fields (the accumulated sums and ``band_materialise``'s), and the counts
-  rounded ([directions, entries])."""
   acc, rounded = jax.vmap(_accumulate, in_axes=(0, None, None))(terms, counts, plan)
-  return dict(**acc, **jax.vmap(band_materialise, (0, None))(acc, plan)), rounded
+  if "pmf" in terms:
+    acc = dict(acc, **_band_only_or_whole(acc, terms, rounded, plan))
+  return dict(**acc, **jax.vmap(band_materialise, (0, None))(acc, plan))
 
 
-# Band-only terms serve where their round-off allowance leaves ``fft_error`` within this share
-# of what the whole grid's FFT allowance would give (a fraction of the lower bound's slack).
+# Band-only terms serve where the part of ``fft_error`` they set stays within this share of
+# what the whole grid's FFT allowance would give.
 _BAND_ONLY_ERROR_SHARE = 1e-3
 
 
-def _band_only_or_whole(terms, counts, plan):
-  """The band's fields from band-only terms (no FFT of the plan's size) where they are as good
-  as the whole grid's: the spectrum above the band negligible by their bound
-  (``_largest_above_band``), and their ``fft_error`` within ``_BAND_ONLY_ERROR_SHARE`` of the
-  one the whole grid's FFT allowance would give with nothing dropped (their values' allowance,
-  ``band_transform``'s, is larger: it matters where their powers are not small, e.g. a low
-  band read from the transform, ``low_ok`` false). Elsewhere the same fields from each step's
-  FFT of the plan's size (``_whole_transform_terms``), as before. One runtime branch (a
-  select, both computed, under a caller's vmap)."""
-  fields, rounded = _band_fields(terms, counts, plan)
-  negligible, within = _band_only_serves(fields, rounded, terms, plan)
+def _band_only_or_whole(acc, terms, rounded, plan):
+  """The band's spectral sums (``_spectral_sums``) from band-only terms (no FFT of the plan's
+  size: ``acc``'s) where they are as good as the whole grid's (``_band_only_serves``); else
+  from each step's FFT of the plan's size (``_whole_transform_terms``), as before. One
+  runtime branch (a select, both computed, under a caller's vmap). ``rounded``: the counts
+  [directions, entries]."""
+  negligible, within = _band_only_serves(acc, terms, rounded, plan)
+  keys = ("spectrum", "spectrum_error", "high_log")
 
   def whole():
     transformed = jax.vmap(jax.vmap(lambda pmf: _whole_transform_terms(pmf, plan, plan.band)))(
         terms["pmf"])
-    transformed.pop("high", None)
-    return _band_fields(dict(terms, **transformed), counts, plan)[0]
+    return jax.vmap(lambda t, c: _spectral_sums(t, c, plan.band))(transformed, rounded)
 
-  return jax.lax.cond(negligible & within, lambda: fields, whole)
+  return jax.lax.cond(negligible & within, lambda: {key: acc[key] for key in keys}, whole)
 
 
-def _band_only_serves(fields, rounded, terms, plan):
-  """Whether band-only ``fields`` serve (``_band_only_or_whole``): (the spectrum above the band
-  negligible by their bound, their ``fft_error`` within ``_BAND_ONLY_ERROR_SHARE`` of the
-  whole grid allowance's with nothing dropped)."""
-  as_whole = dict(fields, spectrum_error=jax.vmap(_weighted)(rounded, terms["whole_rate"]),
-                  high_log=jnp.full_like(fields["high_log"], -jnp.inf))
-  floor = jax.vmap(band_materialise, (0, None))(as_whole, plan)["fft_error"]
-  return (jnp.all(high_band_negligible(fields["high_log"], plan)),
-          jnp.all(fields["fft_error"] <= floor * (1.0 + _BAND_ONLY_ERROR_SHARE)))
+def _band_only_serves(acc, terms, rounded, plan):
+  """Whether band-only sums ``acc`` serve: (the spectrum above the band negligible by their
+  bound, ``_largest_above_band``; the part of ``fft_error`` they set, the coefficients'
+  round-off and the dropped spectrum, within ``_BAND_ONLY_ERROR_SHARE`` of the coefficients'
+  round-off under the whole grid's FFT allowance). Their values' allowance
+  (``band_transform``'s) is the larger: it matters where their powers are not small (a low
+  band read from the transform, ``low_ok`` false)."""
+  as_whole = dict(acc, spectrum_error=jax.vmap(_weighted)(rounded, terms["whole_rate"]))
+  norm = jax.vmap(lambda a: _coefficient_error(a, plan))
+  dropped = jax.vmap(lambda a: _dropped_error(a, plan))(acc)
+  return (jnp.all(high_band_negligible(acc["high_log"], plan)),
+          jnp.all(norm(acc) + dropped <= norm(as_whole) * (1.0 + _BAND_ONLY_ERROR_SHARE)))
 
 
 def compose_fields(composition, plan):
