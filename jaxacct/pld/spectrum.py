@@ -252,11 +252,16 @@ def band_transform(pmf, n: int, band: int):
   growth = math.exp(top * centre)  # (sum_r (theta c)^r / r!)
   remainder = (top * centre) ** terms / math.factorial(terms)
   norms = jnp.sqrt(jnp.sum(held[1] ** 2, axis=0)) * top ** np.arange(terms)
-  transforms = (_FFT_ULPS * F64_EPS * math.log2(max(size, 2)) * math.sqrt(size)
-                * jnp.sum(norms))
+  transforms = _worst_fft_error(size) * jnp.sum(norms)
   error = (1.01 * (remainder + (block + 5 * terms + 10) * F64_EPS * growth) * mass
            + 1.01 * transforms)
   return value, error
+
+
+def _worst_fft_error(size):
+  """The worst-case error of any one coefficient of an FFT of ``size`` points, per unit of its
+  input's 2-norm: c eps log2(size) sqrt(size) (the whole transform's error in 2-norm)."""
+  return _FFT_ULPS * F64_EPS * math.log2(max(size, 2)) * math.sqrt(size)
 
 
 def _largest_above_band(pmf, plan, centre):
@@ -269,8 +274,7 @@ def _largest_above_band(pmf, plan, centre):
   samples = jnp.abs(jnp.fft.rfft(pmf)[(k1 * m) // n:])
   spread = jnp.sum(jnp.abs((jnp.arange(m, dtype=jnp.float64) - centre.astype(jnp.float64))
                            * pmf))
-  fft_error = _FFT_ULPS * F64_EPS * math.log2(max(m, 2)) * math.sqrt(m) * jnp.sqrt(
-      jnp.sum(pmf ** 2))
+  fft_error = _worst_fft_error(m) * jnp.sqrt(jnp.sum(pmf ** 2))
   return (jnp.max(samples) * (1.0 + 4.0 * F64_EPS) + fft_error
           + (math.pi / m) * spread * (1.0 + (m + 4) * F64_EPS))
 
