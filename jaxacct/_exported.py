@@ -27,6 +27,7 @@ jax's setup does more than LAPACK's (another jax), is lowered as jax has it.
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import contextlib
 import contextvars
@@ -95,8 +96,8 @@ def _lapack_setup_skipped(program):
     _LAPACK_FREE.reset(token)
 
 
-# (key, default device) -> _Program, None (plain jit serves), or a Future of a _Program while
-# ``prepare`` compiles it
+# (key, default device, compiler options) -> _Program, None (plain jit serves), or a Future of a
+# _Program while ``prepare`` compiles it
 PROGRAMS = {}
 
 
@@ -152,19 +153,20 @@ def _signature_key(name, source, in_tree, signature):
   return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def _here(key):
-  """The in-process table's key of a program: its export's key and the default device (a
-  program compiled ahead by ``prepare`` runs on the device it was lowered for)."""
-  return key, str(jax.config.jax_default_device)
+def _here(key, options=None):
+  """The in-process table's key of a program: its export's key, the default device (a program
+  compiled ahead by ``prepare`` runs on the device it was lowered for) and the XLA options it
+  is compiled with (one export serves programs compiled with different options)."""
+  return key, str(jax.config.jax_default_device), tuple(sorted((options or {}).items()))
 
 
-def _signature(name, args):
+def _signature(name, args, options=None):
   """(the export's key, the in-process key, the argument tree, its leaves as ``_leaf``s) of a
-  call of ``name`` on ``args``."""
+  call of ``name`` on ``args`` compiled with ``options``."""
   leaves, in_tree = jax.tree_util.tree_flatten(args)
   leaves = [_leaf(leaf) for leaf in leaves]
   key = _key(name, in_tree, leaves)
-  return key, _here(key), in_tree, leaves
+  return key, _here(key, options), in_tree, leaves
 
 
 def _export(fn, in_tree, leaves):
@@ -231,7 +233,7 @@ def _entry(name, fn, args, options):
   """(its key here, flat leaves, the ``_Program`` or None) for these concrete arguments, made
   (exported or read) where this process has none yet for the default device; a program
   ``prepare`` is still compiling is waited for."""
-  key, here, in_tree, leaves = _signature(name, args)
+  key, here, in_tree, leaves = _signature(name, args, options)
   program = PROGRAMS.get(here, False)
   if program is False:
     program = _program(fn, in_tree, leaves, _path(key), options)
@@ -276,19 +278,58 @@ def output_specs(name, fn, args, options=None):
                                                                     program.out_specs)
 
 
+def _compiled_here(program) -> bool:
+  """Whether a ``PROGRAMS`` entry is a program this process has compiled (ahead, or by a call)."""
+  return isinstance(program, _Program) and (program.compiled is not None
+                                            or program.call._cache_size() > 0)
+
+
+def ready(name, fn, args, options=None) -> bool:
+  """Whether a call of ``name`` on arguments like ``args`` would run at once: its program read
+  or exported and compiled in this process (a compilation ``prepare`` started is not waited
+  for). False where calls do not go through exports. (``fn``: ``prepare``'s.)"""
+  del fn
+  if not active():
+    return False
+  program = PROGRAMS.get(_signature(name, args, options)[1])
+  if isinstance(program, concurrent.futures.Future):
+    return program.done()
+  return _compiled_here(program)
+
+
+# The compilations ``prepare`` has started that have not ended: the process waits for them at
+# exit, before JAX's own clean-up (a compilation still running on a thread of its own while the
+# runtime is torn down would not end cleanly).
+_COMPILING = set()
+
+
+@atexit.register
+def _wait_for_compilations():
+  for future in list(_COMPILING):
+    future.result()
+
+
+def _thread_name(name, options):
+  """The compiling thread's name: the program's, marked where it is compiled at the back end's
+  lowest level."""
+  level = (options or {}).get(compile_cache.LEVEL_OPTION)
+  return f"jaxacct-compile-{name}" + ("" if level is None else f".level{level}")
+
+
 def prepare(name, fn, args, options=None):
   """Compiles ``fn``'s program for arguments like ``args`` (values or ``jax.ShapeDtypeStruct``)
   on a thread of its own: exported (or read) and lowered here, then compiled there while the
   caller goes on (XLA's compiler releases Python's lock), so that programs prepared one after
-  the other compile side by side. A later ``call`` on such arguments (on the same default
-  device) waits for it. Nothing where this process has the program compiled already, or
-  compiling, or where calls do not go through exports."""
+  the other compile side by side. (Only the compilation leaves the caller's thread: JAX's
+  tracing and lowering are not safe beside another thread's.) A later ``call`` on such
+  arguments (on the same default device) waits for it; ``ready`` says whether it has ended.
+  Nothing where this process has the program compiled already, or compiling, or where calls do
+  not go through exports."""
   if not active():
     return
-  key, here, in_tree, leaves = _signature(name, args)
+  key, here, in_tree, leaves = _signature(name, args, options)
   known = PROGRAMS.get(here, False)
-  if known is None or isinstance(known, concurrent.futures.Future) or (
-      known and (known.compiled is not None or known.call._cache_size() > 0)):
+  if known is None or isinstance(known, concurrent.futures.Future) or _compiled_here(known):
     return  # (plain jit serves it, it is compiling, or it is compiled)
   specs = [_spec(leaf) for leaf in leaves]
   try:
@@ -313,6 +354,9 @@ def prepare(name, fn, args, options=None):
       pass
     finally:  # (whatever happens, the waiting call goes on)
       future.set_result(made)
+      _COMPILING.discard(future)
 
+  _COMPILING.add(future)
   PROGRAMS[here] = future
-  threading.Thread(target=compile_lowered, name=f"jaxacct-compile-{name}", daemon=True).start()
+  threading.Thread(target=compile_lowered, name=_thread_name(name, options),
+                   daemon=True).start()

@@ -12,7 +12,12 @@ compiled call (``enable``). The location is ``$JAXACCT_CACHE_DIR``, else
 ``JAX_COMPILATION_CACHE_DIR``) the compiled programs go there (that setting is left alone; the
 exports stay in jaxacct's directory), and ``JAXACCT_NO_CACHE=1`` turns off all that jaxacct
 writes. Note that the cache is JAX's, process-wide: once jaxacct has turned it on, the
-process's other programs that take longer than JAX's threshold to compile are cached too.
+process's other programs that take longer than its threshold to compile (0.2 s where jaxacct
+sets it, ``LIBRARY_MIN_COMPILE_SECS``) are cached too.
+
+The library answers a process's first questions on a plan from programs compiled at XLA's
+lowest back-end level, and compiles the default level's behind them once a plan is asked
+again and again (``quick_first_answers``, ``jaxacct.pld.accountant``).
 
 Only ``enable`` and ``quick_options`` import JAX: ``jaxacct cache --info`` and ``--clear``
 answer at once.
@@ -55,6 +60,16 @@ def quick_options(one_answer=False) -> dict:
   return options
 
 
+def quick_first_answers() -> bool:
+  """Whether the library answers a process's first questions on a plan from programs compiled
+  at the back end's lowest level (``pld.accountant``): on unless ``JAXACCT_QUICK_FIRST_ANSWERS``
+  is "0" (then every answer comes from the default level's programs, the same bounds to
+  round-off whatever the process asked before); only where that level is a choice of its own
+  (on CPU, not named by ``XLA_FLAGS``)."""
+  return (os.environ.get("JAXACCT_QUICK_FIRST_ANSWERS", "1") != "0"
+          and quick_options(one_answer=True) != quick_options())
+
+
 def directory() -> str:
   """The directory jaxacct's cache uses: ``$JAXACCT_CACHE_DIR``, else ``~/.cache/jaxacct/xla``."""
   chosen = os.environ.get("JAXACCT_CACHE_DIR")
@@ -66,13 +81,20 @@ def disabled() -> bool:
   return os.environ.get("JAXACCT_NO_CACHE", "") not in ("", "0")
 
 
+LIBRARY_MIN_COMPILE_SECS = 0.2
+"""The library's threshold for the cache: a program that took longer to compile is written.
+JAX's default (1 s) skipped a first calibration's programs (0.4-1 s each), so a process with a
+warm cache compiled them again (0.67-1.31 s against 0.42-0.50 s with this threshold, 12-05)."""
+
+
 def enable(min_compile_secs=None):
   """Turns JAX's persistent compilation cache on at ``directory()`` (once per process; cheap
   after the first call) and returns the directory in use, or None where it stays off: the
   user's own JAX cache directory is kept as it is, ``JAXACCT_NO_CACHE`` turns it off, and a
   directory that cannot be created leaves the process uncached. ``min_compile_secs``: cache
-  only programs that took longer to compile (JAX's default where None; the command line caches
-  every program, since its process is its own)."""
+  only programs that took longer to compile (``LIBRARY_MIN_COMPILE_SECS`` where None, unless
+  ``JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS`` sets it; the command line caches every
+  program, since its process is its own)."""
   if _ENABLED:
     return _ENABLED[0]
   import jax  # pylint: disable=import-outside-toplevel
@@ -82,6 +104,8 @@ def enable(min_compile_secs=None):
     _ENABLED.append(users or None)
     return _ENABLED[0]
   path = directory()
+  if min_compile_secs is None and "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
+    min_compile_secs = LIBRARY_MIN_COMPILE_SECS
   try:
     os.makedirs(path, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", path)

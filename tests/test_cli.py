@@ -111,7 +111,7 @@ def test_a_later_process_reads_the_saved_exports_and_answers_the_same(tmp_path):
       bounds = jaxacct.dpsgd_epsilon(1.0, 0.02, 300, 1e-6)
       sigma = jaxacct.calibrate.noise_multiplier(2.0, 1e-6, 0.02, 300)
       print(repr([float(bounds.lower), float(bounds.upper), float(sigma)]))
-      print(sorted(key for (key, _), program in _exported.PROGRAMS.items() if program))
+      print(sorted(key for (key, *_), program in _exported.PROGRAMS.items() if program))
       print(compiled)
       """)
   run = lambda env: subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
@@ -164,8 +164,8 @@ def test_a_first_answer_compiles_its_two_programs_side_by_side(tmp_path):
   first = run(env)
   assert first[1] == str(jax.default_backend() == "cpu")
   if first[1] == "True":
-    assert first[2:] == [str([True, True]), str(["jaxacct-compile-pld.compose.once",
-                                                 "jaxacct-compile-pld.epsilon.query.once"])], first
+    assert first[2:] == [str([True, True]), str([
+        "jaxacct-compile-pld.compose.level0", "jaxacct-compile-pld.epsilon.query.level0"])], first
   plain = run(dict(env, JAXACCT_NO_CACHE="1"))
   assert plain[0] == first[0] and plain[2] == "[]" and plain[3] == str(["MainThread"] * 2)
   # (compiled at XLA's lowest back-end level there: the library's full PLD, to round-off)
@@ -176,6 +176,55 @@ def test_a_first_answer_compiles_its_two_programs_side_by_side(tmp_path):
     library = query(compose(comp, jaxacct.make_plan(comp, 1e-5)), 1e-5)
   np.testing.assert_allclose(eval(first[0]), [float(library.lower), float(library.estimate),
                                               float(library.upper)], rtol=1e-10, atol=0.0)
+
+
+def test_a_process_first_answers_from_quick_programs_then_the_default_level(tmp_path):
+  """The library's first answers in a process (``_QUICK_ANSWERS``) come from the full PLD's
+  twins compiled at XLA's lowest back-end level; asked again past them, a shape's default-level
+  programs compile behind (threads of their own) while the twins answer, and a new shape
+  compiles at the default level at once. A process that exits while one compiles behind ends
+  cleanly (it waits for it). The twins' bounds are the default level's to round-off. The
+  library caches programs that compile in over 0.2 s (JAX's 1 s would skip these)."""
+  from jaxacct import compile_cache
+  from jaxacct.pld import accountant
+  flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
+                   if "xla_backend_optimization_level" not in f)
+  env = {k: v for k, v in os.environ.items() if k not in (
+         "JAXACCT_NO_CACHE", "JAX_COMPILATION_CACHE_DIR",
+         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")}
+  env.update(JAXACCT_CACHE_DIR=str(tmp_path), XLA_FLAGS=flags, JAXACCT_QUICK_FIRST_ANSWERS="1")
+  code = textwrap.dedent("""
+      import threading, jax, jaxacct
+      from jaxacct.pld import accountant
+      jax.monitoring.register_event_duration_secs_listener(lambda event, _, **kw: (
+          print("compiled", threading.current_thread().name, flush=True)
+          if event.endswith("backend_compile_duration") else None))
+      for sigma in [1.0] * accountant._QUICK_ANSWERS + [3.0, 1.0]:  # (then it exits at once)
+        bounds = jaxacct.dpsgd_epsilon(sigma, 0.01, 1_000, 1e-5)
+        print("upper", repr(float(bounds.upper)), flush=True)
+      print("threshold", jax.config.jax_persistent_cache_min_compile_time_secs, flush=True)
+      """)
+  lines = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300, check=True).stdout.splitlines()
+  quick, default = "jaxacct-compile-pld.{}.level0", "jaxacct-compile-pld.{}"
+  compiled = [line.split()[1] for line in lines if line.startswith("compiled")]
+  uppers = [float(line.split()[1]) for line in lines if line.startswith("upper")]
+  # (the twins for the first answers; sigma 3's default level at once, then sigma 1's behind)
+  assert sorted(compiled[:2]) == [quick.format("compose"), quick.format("epsilon.query")]
+  assert sorted(compiled[2:]) == [default.format("compose")] * 2 + [
+      default.format("epsilon.query")] * 2, lines
+  assert lines[-1].startswith("compiled"), lines  # (sigma 1's, after its last answer)
+  assert f"threshold {compile_cache.LIBRARY_MIN_COMPILE_SECS}" in lines and (
+      compile_cache.LIBRARY_MIN_COMPILE_SECS < 1.0)
+  twins = uppers[:-2] + uppers[-1:]
+  assert len(uppers) == accountant._QUICK_ANSWERS + 2 and len(set(twins)) == 1
+  compose, query, _ = accountant.single_program("epsilon").tiers[False]
+  with jax.enable_x64(True):
+    for sigma, upper in ((1.0, twins[0]), (3.0, uppers[-2])):
+      comp = jaxacct.dpsgd_composition(sigma, 0.01, 1_000)
+      library = query(compose(comp, jaxacct.make_plan(comp, 1e-5)), 1e-5)
+      np.testing.assert_allclose(upper, float(library.upper), rtol=1e-10, atol=0.0)
+  assert uppers[-2] == float(library.upper)  # (sigma 3: the default level itself)
 
 
 def test_one_answer_programs_are_compiled_at_the_lowest_level_up_to_a_size(monkeypatch):

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxacct import _batch
+from jaxacct import _batch, compile_cache
 from jaxacct._inputs import check_delta, check_epsilon, check_range
 from jaxacct._numerics import as_leaf, fast_jit, float64, is_traced, scoped_gradients
 from jaxacct.composition import Composition, checked
@@ -106,7 +106,7 @@ def _in_two_programs(composition, plan) -> bool:
 # XLA's elemental emitters, ``quick``; the band's serves warm answers. Within ``answering_once``
 # their twins compiled at the back end's lowest level serve plans up to ``_ONE_ANSWER_MAX_FFT``)
 _compose = fast_jit(scoped_gradients(_compose_pure), exported="pld.compose", quick=True)
-_compose_once = fast_jit(scoped_gradients(_compose_pure), exported="pld.compose.once",
+_compose_once = fast_jit(scoped_gradients(_compose_pure), exported="pld.compose",
                          quick="one_answer")
 
 # Grid points up to which a process that answers one question (``answering_once``) compiles a
@@ -120,6 +120,15 @@ _ONE_ANSWER_MAX_FFT = 1_310_720
 # eta = delta_error x delta (the plan's window tail level is 1e-2 eta): below delta ~1e-8 at
 # T = 10^4 it would loosen the bounds (by ~1e-5 relative at delta 1e-10), so those run in full.
 _BAND_ROUND_OFF_SHARE = 0.1
+
+
+# The first answers of a process that calls the library (not ``answering_once``) come from the
+# twins compiled at the back end's lowest level, on plans up to ``_ONE_ANSWER_MAX_FFT`` points:
+# a first answer compiles ~0.5 s sooner (a first calibration, three reads: 1.5 against 2.0 s,
+# 12-05) and runs slower (22-30 against 11 ms at T = 1,000). Past this many, new shapes compile
+# at the default level, and the twins' shapes asked again have theirs compiled behind them (a
+# thread of their own), the twins answering until those are ready.
+_QUICK_ANSWERS = 4
 
 
 # Set within ``answering_once``: a setting is never first answered from its band.
@@ -191,12 +200,14 @@ class _OneSetting:
   def __init__(self, quantity, single):
     full = lambda fn, name, quick: fast_jit(scoped_gradients(fn), exported=name, quick=quick)
     # (compose, query, the one program): for any process, and for one that answers once
+    # (one export of each serves both: they differ in XLA's options alone)
     self.tiers = {once: (_compose_once if once else _compose,
-                         full(_QUERIES[quantity], f"pld.{quantity}.query{tag}", quick),
-                         full(single, f"pld.{quantity}{tag}", quick))
-                  for once, tag, quick in ((False, "", True), (True, ".once", "one_answer"))}
+                         full(_QUERIES[quantity], f"pld.{quantity}.query", quick),
+                         full(single, f"pld.{quantity}", quick))
+                  for once, quick in ((False, True), (True, "one_answer"))}
     self.banded = fast_jit(scoped_gradients(_band_single(quantity)),
                            exported=f"pld.{quantity}.band")
+    self.answers = 0  # (answers the twins may serve so far: ``_quick``)
 
   def start(self, composition, x, plan):
     """(bounds, whether they stand: None where nothing is left to check), dispatched."""
@@ -209,9 +220,35 @@ class _OneSetting:
     bounds, tight = started
     return bounds if tight is None or bool(tight) else self._full(composition, x, plan)
 
+  def _quick(self, composition, x, plan) -> bool:
+    """Whether the library's answer comes from the twins compiled at the lowest level: one of
+    the process's first answers (``_QUICK_ANSWERS``) whose default-level programs are not
+    compiled, or a later one on shapes the twins have compiled, while the default level's
+    programs compile behind them (started here)."""
+    if not (plan.fft_size <= _ONE_ANSWER_MAX_FFT and compile_cache.quick_first_answers()):
+      return False
+    compose, query, _ = self.tiers[False]
+    if compose.ready(composition, plan) and query.ready(
+        compose.output_specs(composition, plan), x):
+      return False
+    self.answers += 1
+    twin = self.tiers[True][0]
+    first = self.answers <= _QUICK_ANSWERS
+    if not (first or twin.ready(composition, plan)):
+      return False  # (new shapes past the first answers: the default level at once)
+    pld = twin.output_specs(composition, plan)  # (the twins' shapes, the same)
+    if pld is None:
+      return False  # (calls do not go through exports: one program, the default level's)
+    if not first:  # (lowered here from the twins' exports; compiled on threads meanwhile)
+      compose.prepare(composition, plan)
+      query.prepare(pld, x)
+    return True
+
   def _full(self, composition, x, plan):
     compose, query, fused = self.tiers[_compiled_for_one_answer(plan)]
     if not is_traced((composition, x, plan)) and _in_two_programs(composition, plan):
+      if not _ONE_ANSWER.get() and self._quick(composition, x, plan):
+        compose, query, fused = self.tiers[True]
       # (each program made on a thread of its own, the query's from the PLD's shapes read off
       # the composition's export: a first answer compiles the two side by side)
       shapes = compose.output_specs(composition, plan)
