@@ -293,7 +293,7 @@ def ready(name, fn, args, options=None) -> bool:
     return False
   program = PROGRAMS.get(_signature(name, args, options)[1])
   if isinstance(program, concurrent.futures.Future):
-    return program.done()
+    return program.done() and _compiled_here(program.result())
   return _compiled_here(program)
 
 
@@ -307,6 +307,19 @@ _COMPILING = set()
 def _wait_for_compilations():
   for future in list(_COMPILING):
     future.result()
+
+
+def _forget_compilations():
+  """In a forked child: the compilations its parent's threads ran (not running here) are
+  dropped, so that nothing waits for them (``call`` makes such a program anew)."""
+  for here, program in list(PROGRAMS.items()):
+    if isinstance(program, concurrent.futures.Future) and not program.done():
+      del PROGRAMS[here]
+  _COMPILING.clear()
+
+
+if hasattr(os, "register_at_fork"):
+  os.register_at_fork(after_in_child=_forget_compilations)
 
 
 def _thread_name(name, options):
@@ -358,5 +371,9 @@ def prepare(name, fn, args, options=None):
 
   _COMPILING.add(future)
   PROGRAMS[here] = future
-  threading.Thread(target=compile_lowered, name=_thread_name(name, options),
-                   daemon=True).start()
+  try:
+    threading.Thread(target=compile_lowered, name=_thread_name(name, options),
+                     daemon=True).start()
+  except RuntimeError:  # (no thread to be had: ``call`` compiles it, with the program's jit)
+    future.set_result(program)
+    _COMPILING.discard(future)

@@ -15,9 +15,9 @@ writes. Note that the cache is JAX's, process-wide: once jaxacct has turned it o
 process's other programs that take longer than its threshold to compile (0.2 s where jaxacct
 sets it, ``LIBRARY_MIN_COMPILE_SECS``) are cached too.
 
-The library answers a process's first questions on a plan from programs compiled at XLA's
-lowest back-end level, and compiles the default level's behind them once a plan is asked
-again and again (``quick_first_answers``, ``jaxacct.pld.accountant``).
+The library answers a process's first questions from programs compiled at XLA's lowest
+back-end level, and compiles the default level's behind them where their shapes are asked
+again (``quick_first_answers``, ``jaxacct.pld.accountant``).
 
 Only ``enable`` and ``quick_options`` import JAX: ``jaxacct cache --info`` and ``--clear``
 answer at once.
@@ -87,14 +87,21 @@ JAX's default (1 s) skipped a first calibration's programs (0.4-1 s each), so a 
 warm cache compiled them again (0.67-1.31 s against 0.42-0.50 s with this threshold, 12-05)."""
 
 
+def _threshold_unset(jax) -> bool:
+  """Whether JAX's threshold for the cache is still its default (1 s): not set by the user, in
+  the environment or in code."""
+  return ("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ
+          and jax.config.jax_persistent_cache_min_compile_time_secs == 1.0)
+
+
 def enable(min_compile_secs=None):
   """Turns JAX's persistent compilation cache on at ``directory()`` (once per process; cheap
   after the first call) and returns the directory in use, or None where it stays off: the
   user's own JAX cache directory is kept as it is, ``JAXACCT_NO_CACHE`` turns it off, and a
   directory that cannot be created leaves the process uncached. ``min_compile_secs``: cache
   only programs that took longer to compile (``LIBRARY_MIN_COMPILE_SECS`` where None, unless
-  ``JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS`` sets it; the command line caches every
-  program, since its process is its own)."""
+  the user has set JAX's threshold; the command line caches every program, since its process
+  is its own)."""
   if _ENABLED:
     return _ENABLED[0]
   import jax  # pylint: disable=import-outside-toplevel
@@ -104,7 +111,7 @@ def enable(min_compile_secs=None):
     _ENABLED.append(users or None)
     return _ENABLED[0]
   path = directory()
-  if min_compile_secs is None and "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
+  if min_compile_secs is None and _threshold_unset(jax):
     min_compile_secs = LIBRARY_MIN_COMPILE_SECS
   try:
     os.makedirs(path, exist_ok=True)

@@ -178,53 +178,65 @@ def test_a_first_answer_compiles_its_two_programs_side_by_side(tmp_path):
                                               float(library.upper)], rtol=1e-10, atol=0.0)
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the lowest level is a CPU option")
 def test_a_process_first_answers_from_quick_programs_then_the_default_level(tmp_path):
   """The library's first answers in a process (``_QUICK_ANSWERS``) come from the full PLD's
-  twins compiled at XLA's lowest back-end level; asked again past them, a shape's default-level
-  programs compile behind (threads of their own) while the twins answer, and a new shape
-  compiles at the default level at once. A process that exits while one compiles behind ends
-  cleanly (it waits for it). The twins' bounds are the default level's to round-off. The
-  library caches programs that compile in over 0.2 s (JAX's 1 s would skip these)."""
+  twins compiled at XLA's lowest back-end level; past them a new shape compiles at the default
+  level at once, and a twins' shape asked again has its default-level programs compiled behind
+  (threads of their own) while the twins answer, then answers from them. A process that exits
+  while one compiles behind ends cleanly (it waits for it). The twins' bounds are the default
+  level's to round-off. The library caches programs that compile in over 0.2 s (JAX's 1 s
+  would skip these)."""
   from jaxacct import compile_cache
   from jaxacct.pld import accountant
+  sigmas = [1.0, 1.0, 1.0, 0.8, 3.0, 1.0, 1.0, 0.8]  # (the seventh after the wait)
+  assert accountant._QUICK_ANSWERS == 4 and len({jaxacct.dpsgd_plan(s, 0.01, 1_000, 1e-5).fft_size
+                                                 for s in (1.0, 0.8, 3.0)}) == 3
   flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
                    if "xla_backend_optimization_level" not in f)
   env = {k: v for k, v in os.environ.items() if k not in (
          "JAXACCT_NO_CACHE", "JAX_COMPILATION_CACHE_DIR",
          "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")}
   env.update(JAXACCT_CACHE_DIR=str(tmp_path), XLA_FLAGS=flags, JAXACCT_QUICK_FIRST_ANSWERS="1")
-  code = textwrap.dedent("""
-      import threading, jax, jaxacct
-      from jaxacct.pld import accountant
+  code = textwrap.dedent(f"""
+      import sys, threading, jax, jaxacct
+      from jaxacct import _exported
       jax.monitoring.register_event_duration_secs_listener(lambda event, _, **kw: (
-          print("compiled", threading.current_thread().name, flush=True)
+          sys.stdout.write(f"compiled {{threading.current_thread().name}}\\n")
           if event.endswith("backend_compile_duration") else None))
-      for sigma in [1.0] * accountant._QUICK_ANSWERS + [3.0, 1.0]:  # (then it exits at once)
+      for i, sigma in enumerate({sigmas!r}):
+        if i == 6:
+          _exported._wait_for_compilations()
         bounds = jaxacct.dpsgd_epsilon(sigma, 0.01, 1_000, 1e-5)
-        print("upper", repr(float(bounds.upper)), flush=True)
-      print("threshold", jax.config.jax_persistent_cache_min_compile_time_secs, flush=True)
-      """)
+        sys.stdout.write(f"upper {{float(bounds.upper)!r}}\\n")
+      sys.stdout.write(f"threshold {{jax.config.jax_persistent_cache_min_compile_time_secs}}\\n")
+      """)  # (then it exits at once, the last twins' shape compiling behind)
   lines = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=300, check=True).stdout.splitlines()
   quick, default = "jaxacct-compile-pld.{}.level0", "jaxacct-compile-pld.{}"
-  compiled = [line.split()[1] for line in lines if line.startswith("compiled")]
+  compiled = [line.split()[1] for line in lines
+              if line.startswith("compiled jaxacct-compile")]
   uppers = [float(line.split()[1]) for line in lines if line.startswith("upper")]
-  # (the twins for the first answers; sigma 3's default level at once, then sigma 1's behind)
-  assert sorted(compiled[:2]) == [quick.format("compose"), quick.format("epsilon.query")]
-  assert sorted(compiled[2:]) == [default.format("compose")] * 2 + [
-      default.format("epsilon.query")] * 2, lines
-  assert lines[-1].startswith("compiled"), lines  # (sigma 1's, after its last answer)
+  # (the twins for the first answers, sigma 1 and 0.8; then sigma 3's default level at once,
+  # sigma 1's behind, and sigma 0.8's behind after the last answer, waited for at exit)
+  assert sorted(compiled[:4]) == [quick.format("compose")] * 2 + [
+      quick.format("epsilon.query")] * 2, lines
+  assert sorted(compiled[4:]) == [default.format("compose")] * 3 + [
+      default.format("epsilon.query")] * 3, lines
+  assert lines[-1].startswith("compiled"), lines
   assert f"threshold {compile_cache.LIBRARY_MIN_COMPILE_SECS}" in lines and (
       compile_cache.LIBRARY_MIN_COMPILE_SECS < 1.0)
-  twins = uppers[:-2] + uppers[-1:]
-  assert len(uppers) == accountant._QUICK_ANSWERS + 2 and len(set(twins)) == 1
+  assert len(uppers) == len(sigmas) and uppers[0] == uppers[1] == uppers[2] == uppers[5]
+  assert uppers[3] == uppers[7]
   compose, query, _ = accountant.single_program("epsilon").tiers[False]
   with jax.enable_x64(True):
-    for sigma, upper in ((1.0, twins[0]), (3.0, uppers[-2])):
-      comp = jaxacct.dpsgd_composition(sigma, 0.01, 1_000)
-      library = query(compose(comp, jaxacct.make_plan(comp, 1e-5)), 1e-5)
-      np.testing.assert_allclose(upper, float(library.upper), rtol=1e-10, atol=0.0)
-  assert uppers[-2] == float(library.upper)  # (sigma 3: the default level itself)
+    for index in (0, 3, 4, 6):
+      comp = jaxacct.dpsgd_composition(sigmas[index], 0.01, 1_000)
+      library = float(query(compose(comp, jaxacct.make_plan(comp, 1e-5)), 1e-5).upper)
+      if index in (4, 6):  # (the default level's own programs)
+        assert uppers[index] == library, (index, uppers[index], library)
+      else:  # (the twins: to round-off)
+        np.testing.assert_allclose(uppers[index], library, rtol=1e-10, atol=0.0)
 
 
 def test_one_answer_programs_are_compiled_at_the_lowest_level_up_to_a_size(monkeypatch):

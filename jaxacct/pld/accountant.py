@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -122,13 +123,17 @@ _ONE_ANSWER_MAX_FFT = 1_310_720
 _BAND_ROUND_OFF_SHARE = 0.1
 
 
-# The first answers of a process that calls the library (not ``answering_once``) come from the
-# twins compiled at the back end's lowest level, on plans up to ``_ONE_ANSWER_MAX_FFT`` points:
-# a first answer compiles ~0.5 s sooner (a first calibration, three reads: 1.5 against 2.0 s,
-# 12-05) and runs slower (22-30 against 11 ms at T = 1,000). Past this many, new shapes compile
-# at the default level, and the twins' shapes asked again have theirs compiled behind them (a
-# thread of their own), the twins answering until those are ready.
+# The first answers of a process that calls the library (not ``answering_once``) from a full
+# PLD of two programs (each calibration read, each query of one setting; not the band's) come
+# from the twins compiled at the back end's lowest level, on plans up to ``_ONE_ANSWER_MAX_FFT``
+# points: a first answer compiles ~0.5 s sooner (a first calibration, three reads: 1.5 against
+# 2.0 s, 12-05) and runs slower (22-30 against 11 ms at T = 1,000). Past this many, new shapes
+# compile at the default level, and the twins' shapes asked again have theirs compiled behind
+# them (threads of their own), the twins answering until those are ready: which level answers
+# such a call then depends on timing (the same bounds to round-off; bit for bit with
+# ``JAXACCT_QUICK_FIRST_ANSWERS=0``).
 _QUICK_ANSWERS = 4
+_QUICK_ASKED = itertools.count(1)  # (the process's answers that the twins could serve so far)
 
 
 # Set within ``answering_once``: a setting is never first answered from its band.
@@ -207,7 +212,7 @@ class _OneSetting:
                   for once, quick in ((False, True), (True, "one_answer"))}
     self.banded = fast_jit(scoped_gradients(_band_single(quantity)),
                            exported=f"pld.{quantity}.band")
-    self.answers = 0  # (answers the twins may serve so far: ``_quick``)
+    self.settled = set()  # (argument shapes whose default-level programs are compiled)
 
   def start(self, composition, x, plan):
     """(bounds, whether they stand: None where nothing is left to check), dispatched."""
@@ -223,23 +228,27 @@ class _OneSetting:
   def _quick(self, composition, x, plan) -> bool:
     """Whether the library's answer comes from the twins compiled at the lowest level: one of
     the process's first answers (``_QUICK_ANSWERS``) whose default-level programs are not
-    compiled, or a later one on shapes the twins have compiled, while the default level's
-    programs compile behind them (started here)."""
+    compiled, or a later one on shapes the twins have compiled while the default level's
+    programs compile behind them (started here, at the first such answer)."""
     if not (plan.fft_size <= _ONE_ANSWER_MAX_FFT and compile_cache.quick_first_answers()):
+      return False
+    leaves, tree = jax.tree_util.tree_flatten((composition, x, plan))
+    shapes = (tree, tuple(np.shape(leaf) for leaf in leaves))
+    if shapes in self.settled:
       return False
     compose, query, _ = self.tiers[False]
     if compose.ready(composition, plan) and query.ready(
         compose.output_specs(composition, plan), x):
+      self.settled.add(shapes)
       return False
-    self.answers += 1
     twin = self.tiers[True][0]
-    first = self.answers <= _QUICK_ANSWERS
+    first = next(_QUICK_ASKED) <= _QUICK_ANSWERS
     if not (first or twin.ready(composition, plan)):
       return False  # (new shapes past the first answers: the default level at once)
-    pld = twin.output_specs(composition, plan)  # (the twins' shapes, the same)
+    pld = twin.output_specs(composition, plan)  # (one export serves both levels)
     if pld is None:
       return False  # (calls do not go through exports: one program, the default level's)
-    if not first:  # (lowered here from the twins' exports; compiled on threads meanwhile)
+    if not first:  # (lowered here from the same export; compiled on threads meanwhile)
       compose.prepare(composition, plan)
       query.prepare(pld, x)
     return True
