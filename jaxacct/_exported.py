@@ -284,19 +284,6 @@ def _compiled_here(program) -> bool:
                                             or program.call._cache_size() > 0)
 
 
-def ready(name, fn, args, options=None) -> bool:
-  """Whether a call of ``name`` on arguments like ``args`` would run at once: its program read
-  or exported and compiled in this process (a compilation ``prepare`` started is not waited
-  for). False where calls do not go through exports. (``fn``: ``prepare``'s.)"""
-  del fn
-  if not active():
-    return False
-  program = PROGRAMS.get(_signature(name, args, options)[1])
-  if isinstance(program, concurrent.futures.Future):
-    return program.done() and _compiled_here(program.result())
-  return _compiled_here(program)
-
-
 # The compilations ``prepare`` has started that have not ended: the process waits for them at
 # exit, before JAX's own clean-up (a compilation still running on a thread of its own while the
 # runtime is torn down would not end cleanly).
@@ -335,7 +322,7 @@ def prepare(name, fn, args, options=None):
   caller goes on (XLA's compiler releases Python's lock), so that programs prepared one after
   the other compile side by side. (Only the compilation leaves the caller's thread: JAX's
   tracing and lowering are not safe beside another thread's.) A later ``call`` on such
-  arguments (on the same default device) waits for it; ``ready`` says whether it has ended.
+  arguments (on the same default device) waits for it, and the process waits for it at exit.
   Nothing where this process has the program compiled already, or compiling, or where calls do
   not go through exports."""
   if not active():

@@ -395,9 +395,8 @@ def fast_jit(fn, exported=None, quick=False, **kwargs):
 
   # ``call.output_specs(*args)``: the outputs' shapes from the export (None without one);
   # ``call.prepare(*args)``: the program for such arguments (values or shapes) compiled on a
-  # thread of its own meanwhile; ``call.ready(*args)``: whether it is compiled.
+  # thread of its own meanwhile.
   call.output_specs, call.prepare = ahead(_exported.output_specs), ahead(_exported.prepare)
-  call.ready = ahead(_exported.ready)
   return call
 
 

@@ -15,10 +15,6 @@ writes. Note that the cache is JAX's, process-wide: once jaxacct has turned it o
 process's other programs that take longer than its threshold to compile (0.2 s where jaxacct
 sets it, ``LIBRARY_MIN_COMPILE_SECS``) are cached too.
 
-The library answers a process's first questions from programs compiled at XLA's lowest
-back-end level, and compiles the default level's behind them where their shapes are asked
-again (``quick_first_answers``, ``jaxacct.pld.accountant``).
-
 Only ``enable`` and ``quick_options`` import JAX: ``jaxacct cache --info`` and ``--clear``
 answer at once.
 """
@@ -58,16 +54,6 @@ def quick_options(one_answer=False) -> dict:
   if one_answer and LEVEL_OPTION not in flags:
     options[LEVEL_OPTION] = 0
   return options
-
-
-def quick_first_answers() -> bool:
-  """Whether the library answers a process's first questions on a plan from programs compiled
-  at the back end's lowest level (``pld.accountant``): on unless ``JAXACCT_QUICK_FIRST_ANSWERS``
-  is "0" (then every answer comes from the default level's programs, the same bounds to
-  round-off whatever the process asked before); only where that level is a choice of its own
-  (on CPU, not named by ``XLA_FLAGS``)."""
-  return (os.environ.get("JAXACCT_QUICK_FIRST_ANSWERS", "1") != "0"
-          and quick_options(one_answer=True) != quick_options())
 
 
 def directory() -> str:

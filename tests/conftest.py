@@ -13,9 +13,6 @@ from scipy import optimize, stats
 
 # Tests never write into the user's compilation cache (the CLI's; see test_inputs for its test).
 os.environ["JAXACCT_NO_CACHE"] = "1"
-# A test that turns the cache on in a subprocess answers from the default level's programs
-# whatever it asked before (test_cli tests the library's quick first answers on their own).
-os.environ["JAXACCT_QUICK_FIRST_ANSWERS"] = "0"
 # One compilation cache for the session, shared by the pytest workers and every subprocess a
 # test starts (notebooks, the CLI, forced-device runs): a program compiled once is read, not
 # compiled again, elsewhere. Set before jax is imported; the workers and subprocesses inherit it

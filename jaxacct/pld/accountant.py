@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import itertools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxacct import _batch, compile_cache
+from jaxacct import _batch
 from jaxacct._inputs import check_delta, check_epsilon, check_range
 from jaxacct._numerics import as_leaf, fast_jit, float64, is_traced, scoped_gradients
 from jaxacct.composition import Composition, checked
@@ -123,19 +122,6 @@ _ONE_ANSWER_MAX_FFT = 1_310_720
 _BAND_ROUND_OFF_SHARE = 0.1
 
 
-# The first answers of a process that calls the library (not ``answering_once``) from a full
-# PLD of two programs (each calibration read, each query of one setting; not the band's) come
-# from the twins compiled at the back end's lowest level, on plans up to ``_ONE_ANSWER_MAX_FFT``
-# points: a first answer compiles ~0.5 s sooner (a first calibration, three reads: 1.5 against
-# 2.0 s, 12-05) and runs slower (22-30 against 11 ms at T = 1,000). Past this many, new shapes
-# compile at the default level, and the twins' shapes asked again have theirs compiled behind
-# them (threads of their own), the twins answering until those are ready: which level answers
-# such a call then depends on timing (the same bounds to round-off; bit for bit with
-# ``JAXACCT_QUICK_FIRST_ANSWERS=0``).
-_QUICK_ANSWERS = 4
-_QUICK_ASKED = itertools.count(1)  # (the process's answers that the twins could serve so far)
-
-
 # Set within ``answering_once``: a setting is never first answered from its band.
 _ONE_ANSWER = contextvars.ContextVar("jaxacct_one_answer", default=False)
 
@@ -204,15 +190,14 @@ class _OneSetting:
 
   def __init__(self, quantity, single):
     full = lambda fn, name, quick: fast_jit(scoped_gradients(fn), exported=name, quick=quick)
-    # (compose, query, the one program): for any process, and for one that answers once
-    # (one export of each serves both: they differ in XLA's options alone)
+    # (compose, query, the one program): for any process, and for one that answers once (one
+    # export of each serves both: they differ in XLA's options alone)
     self.tiers = {once: (_compose_once if once else _compose,
                          full(_QUERIES[quantity], f"pld.{quantity}.query", quick),
                          full(single, f"pld.{quantity}", quick))
                   for once, quick in ((False, True), (True, "one_answer"))}
     self.banded = fast_jit(scoped_gradients(_band_single(quantity)),
                            exported=f"pld.{quantity}.band")
-    self.settled = set()  # (argument shapes whose default-level programs are compiled)
 
   def start(self, composition, x, plan):
     """(bounds, whether they stand: None where nothing is left to check), dispatched."""
@@ -225,39 +210,9 @@ class _OneSetting:
     bounds, tight = started
     return bounds if tight is None or bool(tight) else self._full(composition, x, plan)
 
-  def _quick(self, composition, x, plan) -> bool:
-    """Whether the library's answer comes from the twins compiled at the lowest level: one of
-    the process's first answers (``_QUICK_ANSWERS``) whose default-level programs are not
-    compiled, or a later one on shapes the twins have compiled while the default level's
-    programs compile behind them (started here, at the first such answer)."""
-    if not (plan.fft_size <= _ONE_ANSWER_MAX_FFT and compile_cache.quick_first_answers()):
-      return False
-    leaves, tree = jax.tree_util.tree_flatten((composition, x, plan))
-    shapes = (tree, tuple(np.shape(leaf) for leaf in leaves))
-    if shapes in self.settled:
-      return False
-    compose, query, _ = self.tiers[False]
-    if compose.ready(composition, plan) and query.ready(
-        compose.output_specs(composition, plan), x):
-      self.settled.add(shapes)
-      return False
-    twin = self.tiers[True][0]
-    first = next(_QUICK_ASKED) <= _QUICK_ANSWERS
-    if not (first or twin.ready(composition, plan)):
-      return False  # (new shapes past the first answers: the default level at once)
-    pld = twin.output_specs(composition, plan)  # (one export serves both levels)
-    if pld is None:
-      return False  # (calls do not go through exports: one program, the default level's)
-    if not first:  # (lowered here from the same export; compiled on threads meanwhile)
-      compose.prepare(composition, plan)
-      query.prepare(pld, x)
-    return True
-
   def _full(self, composition, x, plan):
     compose, query, fused = self.tiers[_compiled_for_one_answer(plan)]
     if not is_traced((composition, x, plan)) and _in_two_programs(composition, plan):
-      if not _ONE_ANSWER.get() and self._quick(composition, x, plan):
-        compose, query, fused = self.tiers[True]
       # (each program made on a thread of its own, the query's from the PLD's shapes read off
       # the composition's export: a first answer compiles the two side by side)
       shapes = compose.output_specs(composition, plan)
