@@ -70,7 +70,8 @@ def disabled() -> bool:
 LIBRARY_MIN_COMPILE_SECS = 0.2
 """The library's threshold for the cache: a program that took longer to compile is written.
 JAX's default (1 s) skipped a first calibration's programs (0.4-1 s each), so a process with a
-warm cache compiled them again (0.67-1.31 s against 0.42-0.50 s with this threshold, 12-05)."""
+warm cache compiled them again (its first calibration, JAX imported before: 0.67-1.31 s against
+0.42-0.50 s with this threshold, 12-05)."""
 
 
 def _threshold_unset(jax) -> bool:
