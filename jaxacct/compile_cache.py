@@ -75,8 +75,8 @@ warm cache compiled them again (its first calibration, JAX imported before: 0.67
 
 
 def _threshold_unset(jax) -> bool:
-  """Whether JAX's threshold for the cache is still its default (1 s): not set by the user, in
-  the environment or in code."""
+  """Whether JAX's threshold for the cache is left at its default (1 s): not named in the
+  environment, and not changed in code (a value set to 1 s itself reads as the default)."""
   return ("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ
           and jax.config.jax_persistent_cache_min_compile_time_secs == 1.0)
 

@@ -204,6 +204,7 @@ def test_a_process_waits_for_its_compilations_at_exit_and_caches_them(tmp_path):
                          timeout=300, check=True).stdout.splitlines()
   assert lines == [f"threshold {compile_cache.LIBRARY_MIN_COMPILE_SECS}", "compiled"], lines
   assert compile_cache.LIBRARY_MIN_COMPILE_SECS < 1.0
+  assert any(path.name.endswith("-cache") for path in tmp_path.iterdir())  # (written)
   user = dict(env, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="3")
   assert subprocess.run([sys.executable, "-c", code], env=user, capture_output=True, text=True,
                         timeout=300, check=True).stdout.splitlines()[0] == "threshold 3.0"
