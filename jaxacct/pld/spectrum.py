@@ -500,11 +500,17 @@ def _composed_spectrum(acc, plan):
   return spectrum, relative_error
 
 
+def _dropped_bound(high_log, plan):
+  """The L1 bound of the pmf's part carried by the spectrum above the band, were it dropped:
+  exp(high_log) sqrt(2 n_high) (Parseval over the n_high coefficients and their conjugates)."""
+  n_high = max(plan.fft_size // 2 + 1 - plan.band, 1)
+  return jnp.exp(high_log + 0.5 * math.log(2.0 * n_high))
+
+
 def _dropped_error(acc, plan):
   """The L1 bound of the pmf's part carried by a spectrum dropped above the band (0 if kept)."""
-  n_high = max(plan.fft_size // 2 + 1 - plan.band, 1)
   return jnp.where(high_band_negligible(acc["high_log"], plan),
-                   jnp.exp(acc["high_log"] + 0.5 * math.log(2.0 * n_high)), 0.0)
+                   _dropped_bound(acc["high_log"], plan), 0.0)
 
 
 def _circular_shift(acc, window, n):
@@ -553,18 +559,16 @@ def band_materialise(acc, plan):
   shift = _circular_shift(acc, window, n)  # p_j = circular_{j + shift}
   band = band_weights(k, n) * spectrum * jnp.conj(_rotation(shift, k, n))
   sum_bound = jnp.sum(jnp.abs(band) * window_sum_bound(k, n, h))
-  n_high = n // 2 + 1 - k1
-  dropped = jnp.exp(acc["high_log"] + 0.5 * math.log(2.0 * n_high)) if n_high else 0.0
-  fft_error = _coefficient_error(acc, plan) + dropped + _band_sums_round_off(k1, sum_bound)
+  dropped = _dropped_bound(acc["high_log"], plan) if n // 2 + 1 > k1 else 0.0
+  fft_error = (_coefficient_error(spectrum, relative_error) + dropped
+               + _band_sums_round_off(k1, sum_bound))
   return dict(pmf=None, band=band, fft_error=jax.lax.stop_gradient(fft_error), **window)
 
 
-def _coefficient_error(acc, plan):
-  """The L1 bound of the pmf's error that the band's coefficients' round-off carries:
-  sqrt(2) ||spectrum error||_2 (Parseval, both halves)."""
-  spectrum, relative_error = _composed_spectrum(acc, plan)
-  k1 = plan.band
-  return math.sqrt(2.0) * jnp.sqrt(jnp.sum((jnp.abs(spectrum[:k1]) * relative_error[:k1]) ** 2))
+def _coefficient_error(spectrum, relative_error):
+  """The L1 bound of the pmf's error that the band's coefficients' round-off carries (the
+  band's spectrum and relative errors): sqrt(2) ||spectrum error||_2 (Parseval, both halves)."""
+  return math.sqrt(2.0) * jnp.sqrt(jnp.sum((jnp.abs(spectrum) * relative_error) ** 2))
 
 
 def band_weights(k, n):
@@ -673,7 +677,8 @@ def _band_only_serves(acc, terms, rounded, plan):
   (``band_transform``'s) is the larger: it matters where their powers are not small (a low
   band read from the transform, ``low_ok`` false)."""
   as_whole = dict(acc, spectrum_error=jax.vmap(_weighted)(rounded, terms["whole_rate"]))
-  norm = jax.vmap(lambda a: _coefficient_error(a, plan))
+  norm = jax.vmap(lambda a: _coefficient_error(
+      *(part[:plan.band] for part in _composed_spectrum(a, plan))))
   dropped = jax.vmap(lambda a: _dropped_error(a, plan))(acc)
   return (jnp.all(high_band_negligible(acc["high_log"], plan)),
           jnp.all(norm(acc) + dropped <= norm(as_whole) * (1.0 + _BAND_ONLY_ERROR_SHARE)))
